@@ -1,0 +1,158 @@
+"""The method registry: what ``inference.fit(..., method=...)`` can run, and its options.
+
+A method is a function ``run(ctx: FitContext) -> Draws``. Generic methods (``nuts``, ``svi``) work
+on any model; a kernel registers for the models it implements
+(``@register_method("gibbs", models=("hlcr",), options={...})``). Kernel modules are listed in
+``KERNEL_MODULES`` and imported on first use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import jax
+import numpy as np
+
+from zoo import ModelSpec
+from zoo._validation import check_value
+
+MethodKind = Literal["sampler", "variational", "point"]
+
+# Options shared by every method where they apply (DEVELOPERS: one name per concept).
+SHARED_OPTION_CONSTRAINTS: dict[str, str] = {
+    "num_warmup": "nonnegative_int",
+    "num_samples": "positive_int",
+    "num_chains": "positive_int",
+    "max_iter": "positive_int",
+    "tol": "positive",
+    "num_steps": "positive_int",
+    "learning_rate": "positive",
+    "num_particles": "positive_int",
+    "thinning": "positive_int",
+}
+# Options every method accepts.
+COMMON_OPTIONS: dict[str, Any] = {"progress": None}
+
+KERNEL_MODULES: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Draws:
+    """What a method hands back to ``fit``, which turns it into the DataTree.
+
+    posterior:     site -> array with leading (chain, draw) axes. Must contain every latent sample
+                   site of the NumPyro model (log densities are evaluated at these values); may hold
+                   more (discrete labels, derived quantities).
+    sample_stats:  per-draw statistics, leading (chain, draw) axes (divergences, log_q, log joint).
+    traces:        per-iteration traces (ELBO/bound, residuals): arrays with leading axis
+                   ``iteration`` (or (chain, iteration)); stored in ``sample_stats`` under dim
+                   ``iteration``.
+    dims, coords:  names of the non-sample axes of variables above, and their labels.
+    attrs:         extra attributes for the tree (JSON-serialisable).
+    groups:        extra groups, name -> xarray.Dataset (e.g. a method's point estimates).
+    """
+
+    posterior: dict[str, Any]
+    sample_stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    traces: dict[str, Any] = dataclasses.field(default_factory=dict)
+    dims: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    coords: dict[str, Any] = dataclasses.field(default_factory=dict)
+    attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    groups: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class FitContext:
+    """Everything a method needs: validated data, hyperparameters, options and an explicit key."""
+
+    spec: ModelSpec
+    data: dict[str, np.ndarray]
+    hyper: dict[str, Any]
+    options: dict[str, Any]
+    key: jax.Array
+    seed: int
+
+    @property
+    def model_kwargs(self) -> dict[str, Any]:
+        return self.spec.inputs(self.data, self.hyper)
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    name: str
+    run: Callable[[FitContext], Draws]
+    options: Mapping[str, Any]
+    kind: MethodKind
+    models: tuple[str, ...] | None  # None: any model
+    check: Callable[[dict[str, Any]], None] | None = None
+    doc: str = ""
+
+
+_METHODS: dict[tuple[str | None, str], Method] = {}
+_loaded = False
+
+
+def register_method(name: str, *, kind: MethodKind, options: Mapping[str, Any],
+                    models: tuple[str, ...] | None = None,
+                    check: Callable[[dict[str, Any]], None] | None = None):
+    """Decorator registering ``run(ctx) -> Draws`` as method ``name``.
+
+    ``options`` are the method's option defaults (every accepted option must appear here; ``fit``
+    rejects unknown names). ``check(options)`` may add method-specific validation.
+    """
+
+    def deco(run: Callable[[FitContext], Draws]):
+        method = Method(name, run, dict(options), kind, models, check, (run.__doc__ or "").strip())
+        for model in models or (None,):
+            _METHODS[(model, name)] = method
+        return run
+
+    return deco
+
+
+def _load_kernels() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for module in ("inference.nuts", "inference.svi", *KERNEL_MODULES):
+        importlib.import_module(module)
+
+
+def get_method(spec: ModelSpec, name: str) -> Method:
+    """The method ``name`` for ``spec``, or a ``ValueError`` naming the methods it supports."""
+    _load_kernels()
+    if not isinstance(name, str) or name not in spec.methods:
+        raise ValueError(f"method: {spec.name!r} supports methods {list(spec.methods)}, got {name!r}")
+    method = _METHODS.get((spec.name, name)) or _METHODS.get((None, name))
+    if method is None:
+        raise ValueError(f"method: {name!r} is listed for {spec.name!r} but no implementation is "
+                         f"registered (known: {sorted({m for _, m in _METHODS})})")
+    return method
+
+
+def resolve_options(spec: ModelSpec, method: Method, given: Mapping[str, Any]) -> dict[str, Any]:
+    """Method defaults < the model's per-method overrides < ``given``; every value checked."""
+    allowed = {**COMMON_OPTIONS, **method.options}
+    options = {**allowed, **spec.method_options.get(method.name, {})}
+    for k, v in given.items():
+        if k not in allowed:
+            raise ValueError(f"{k}: not an option of method {method.name!r} for {spec.name!r}; "
+                             f"options are {sorted(allowed)} and hyperparameters "
+                             f"{sorted(spec.hyperparameters)}")
+        options[k] = v
+    for k, v in options.items():
+        if k in SHARED_OPTION_CONSTRAINTS and v is not None:
+            check_value(k, v, SHARED_OPTION_CONSTRAINTS[k])
+    if method.check is not None:
+        method.check(options)
+    return options
+
+
+def available_methods() -> dict[str, Method]:
+    """Every registered method name -> one Method (for CLI help)."""
+    _load_kernels()
+    return {name: m for (_, name), m in sorted(_METHODS.items(), key=lambda kv: kv[0][1])}

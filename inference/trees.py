@@ -1,0 +1,213 @@
+"""The one place where a method's draws become an ArviZ ``xarray.DataTree``.
+
+Every method, sampler or variational, hand-written or NumPyro's, ends here, so every tree has the
+same groups: ``posterior``, ``sample_stats``, ``log_likelihood`` (pointwise), ``log_prior`` (one
+variable per prior site), ``observed_data``, ``constant_data``. The log densities are computed by
+evaluating the NumPyro model at the draws (``handlers.substitute`` + ``trace``, the same terms
+``numpyro.infer.util.log_density`` sums), so ArviZ ``loo``/``psense``/``compare`` work on any method,
+and ``sum(log_prior) + sum(log_likelihood) == log_density`` at every draw.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Mapping
+from importlib import metadata
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import xarray as xr
+from numpyro import handlers
+
+from zoo import ModelSpec
+
+SAMPLE_DIMS = ("chain", "draw")
+_PACKAGES = ("bayes-zoo", "numpyro", "jax", "jaxlib", "arviz", "arviz-base", "arviz-stats", "arviz-plots",
+             "xarray", "numpy")
+
+
+class NonFiniteError(FloatingPointError):
+    """A fit produced NaN or inf draws (raised instead of returning a tree full of NaNs)."""
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in _PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def trace_model(spec: ModelSpec, model_kwargs: Mapping[str, Any], params: Mapping[str, Any] | None = None,
+                seed: int = 0):
+    """One trace of the model, with ``params`` substituted (latent sites not given are sampled)."""
+    model = handlers.substitute(spec.model, data=dict(params or {}))
+    return handlers.trace(handlers.seed(model, rng_seed=seed)).get_trace(**model_kwargs)
+
+
+def latent_sites(trace) -> list[str]:
+    return [n for n, s in trace.items() if s["type"] == "sample" and not s["is_observed"]]
+
+
+def site_dims(spec: ModelSpec, trace, name: str, shape: tuple[int, ...]) -> list[str]:
+    """Names of a site's axes: the spec's, else the enclosing plates' names, else ``<site>_dim_<i>``."""
+    if name in spec.dims:
+        return list(spec.dims[name])
+    dims = [f"{name}_dim_{i}" for i in range(len(shape))]
+    site = trace.get(name)
+    if site is not None and site["type"] == "sample":
+        event_nd = len(getattr(site["fn"], "event_shape", ()))
+        batch_nd = len(shape) - event_nd
+        for frame in site.get("cond_indep_stack", ()):
+            pos = batch_nd + frame.dim  # frame.dim counts from the right of the batch shape
+            if 0 <= pos < batch_nd and shape[pos] == frame.size:
+                dims[pos] = frame.name
+    return dims
+
+
+def _site_log_probs(spec: ModelSpec, model_kwargs: Mapping[str, Any], params: Mapping[str, Any]):
+    """(per-prior-site log density, pointwise log likelihood per likelihood site) at one draw."""
+    tr = handlers.trace(handlers.substitute(handlers.seed(spec.model, 0), data=params)).get_trace(**model_kwargs)
+    prior, lik = {}, {}
+    for name, site in tr.items():
+        if site["type"] != "sample":
+            continue
+        lp = site["fn"].log_prob(site["value"])
+        if site.get("scale") is not None:
+            lp = site["scale"] * lp
+        if name in spec.likelihood_sites:
+            lik[name] = lp
+        else:
+            prior[name] = jnp.sum(lp)
+    return prior, lik
+
+
+def log_densities(spec: ModelSpec, model_kwargs: Mapping[str, Any], posterior: Mapping[str, np.ndarray],
+                  batch_size: int = 64) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """``(log_prior, log_likelihood)`` at every draw of ``posterior`` (arrays with (chain, draw) axes).
+
+    ``log_prior[site]`` has shape (chain, draw); ``log_likelihood[site]`` (chain, draw, *site batch).
+    Draws are evaluated in batches (``lax.map``) so memory stays bounded on big data.
+    """
+    first = next(iter(posterior.values()))
+    n_chain, n_draw = first.shape[:2]
+    flat = {k: jnp.reshape(jnp.asarray(v), (n_chain * n_draw, *v.shape[2:])) for k, v in posterior.items()}
+    fn = jax.jit(lambda p: jax.lax.map(lambda q: _site_log_probs(spec, model_kwargs, q), p,
+                                       batch_size=min(batch_size, n_chain * n_draw)))
+    prior, lik = fn(flat)
+    unflat = lambda d: {k: np.asarray(v).reshape((n_chain, n_draw, *v.shape[1:])) for k, v in d.items()}
+    return unflat(prior), unflat(lik)
+
+
+def _dataset(arrays: Mapping[str, Any], dims: Mapping[str, list[str]], coords: Mapping[str, Any],
+             lead: tuple[str, ...]) -> xr.Dataset:
+    variables = {}
+    for name, arr in arrays.items():
+        arr = np.asarray(arr)
+        if arr.dtype == bool:
+            arr = arr.astype(np.int8)  # netCDF has no bool
+        rest = list(dims.get(name, [f"{name}_dim_{i}" for i in range(arr.ndim - len(lead))]))
+        if len(rest) != arr.ndim - len(lead):
+            raise ValueError(f"dims for {name!r}: {rest} do not match its shape {arr.shape} after {lead}")
+        variables[name] = (list(lead) + rest, arr)
+    ds = xr.Dataset(variables)
+    usable = {d: np.asarray(c) for d, c in coords.items() if d in ds.dims and len(c) == ds.sizes[d]}
+    return ds.assign_coords(usable)
+
+
+def _json(obj: Any) -> str:
+    def default(o):
+        if isinstance(o, np.ndarray | jax.Array):
+            return np.asarray(o).tolist()
+        if isinstance(o, np.generic):
+            return o.item()
+        return repr(o)
+    return json.dumps(obj, default=default, sort_keys=True)
+
+
+def check_finite(name: str, arrays: Mapping[str, Any], method: str) -> None:
+    for k, v in arrays.items():
+        v = np.asarray(v)
+        if np.issubdtype(v.dtype, np.floating) and not np.all(np.isfinite(v)):
+            bad = int((~np.isfinite(v)).sum())
+            raise NonFiniteError(f"method {method!r} produced {bad} non-finite value(s) in {name} variable "
+                                 f"{k!r} (of {v.size}); try more warm-up/iterations, a smaller step size, "
+                                 f"or check the data and hyperparameters")
+
+
+def build_tree(spec: ModelSpec, data: Mapping[str, np.ndarray], hyper: Mapping[str, Any], draws,
+               *, method: str, seed: int, options: Mapping[str, Any], compile_seconds: float,
+               run_seconds: float) -> xr.DataTree:
+    """Assemble the DataTree for ``draws`` (an ``inference.Draws``) of ``spec`` fitted to ``data``."""
+    posterior = {k: np.asarray(v) for k, v in draws.posterior.items()}
+    check_finite("posterior", posterior, method)
+    model_kwargs = spec.inputs(dict(data), dict(hyper))
+    one_draw = {k: v[0, 0] for k, v in posterior.items()}
+    trace = trace_model(spec, model_kwargs, one_draw)
+    missing = [s for s in latent_sites(trace) if s not in posterior]
+    if missing:
+        raise ValueError(f"method {method!r} did not return draws of latent site(s) {missing} of model "
+                         f"{spec.name!r}; log densities cannot be evaluated without them")
+    model_sites = {k: v for k, v in posterior.items() if k in trace}
+    log_prior, log_lik = log_densities(spec, model_kwargs, model_sites)
+    check_finite("log_likelihood", log_lik, method)
+
+    coords = dict(spec.coords(dict(data), dict(hyper)) if spec.coords else {})
+    coords.update(draws.coords)
+    n_chain, n_draw = next(iter(posterior.values())).shape[:2]
+    sample_coords = {"chain": np.arange(n_chain), "draw": np.arange(n_draw)}
+    fields = {f.name: f for f in spec.data_fields}
+    field_dims = {k: [str(s) for s in fields[k].shape] for k in data}
+
+    dims = {k: site_dims(spec, trace, k, v.shape[2:]) for k, v in posterior.items()}
+    dims.update(draws.dims)
+    lik_dims = {}
+    for k, v in log_lik.items():
+        shape = v.shape[2:]
+        if k in field_dims and np.shape(data[k]) == shape:
+            lik_dims[k] = field_dims[k]
+        else:
+            lik_dims[k] = site_dims(spec, trace, k, shape)
+
+    all_coords = {**sample_coords, **coords}
+    groups = {
+        "posterior": _dataset(posterior, dims, all_coords, SAMPLE_DIMS),
+        "log_likelihood": _dataset(log_lik, lik_dims, all_coords, SAMPLE_DIMS),
+        "log_prior": _dataset(log_prior, {}, all_coords, SAMPLE_DIMS),
+    }
+    stats = _dataset(draws.sample_stats, draws.dims, all_coords, SAMPLE_DIMS)
+    trace_dims = {k: draws.dims.get(k, ["iteration"] + [f"{k}_dim_{i}" for i in range(np.ndim(v) - 1)])
+                  for k, v in draws.traces.items()}
+    groups["sample_stats"] = xr.merge([stats, _dataset(draws.traces, trace_dims, all_coords, ())])
+
+    observed = spec.observed_fields if spec.observed_fields is not None else tuple(
+        k for k in spec.likelihood_sites if k in data)
+    groups["observed_data"] = _dataset({k: data[k] for k in observed if k in data}, field_dims, coords, ())
+    groups["constant_data"] = _dataset({k: v for k, v in data.items() if k not in observed}, field_dims,
+                                       coords, ())
+    for name, ds in draws.groups.items():
+        groups[name] = ds
+
+    attrs = {
+        "model": spec.name,
+        "method": method,
+        "seed": int(seed),
+        "options": _json(options),
+        "hyperparameters": _json(hyper),
+        "package_versions": _json(package_versions()),
+        "compile_seconds": float(compile_seconds),
+        "run_seconds": float(run_seconds),
+        "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "inference_library": "bayes-zoo",
+    }
+    attrs.update({k: (v if isinstance(v, str | int | float) else _json(v)) for k, v in draws.attrs.items()})
+    tree = xr.DataTree.from_dict({f"/{k}": v for k, v in groups.items()})
+    tree.attrs.update(attrs)
+    for name in ("posterior", "sample_stats"):
+        tree[name].attrs.update(attrs)
+    return tree

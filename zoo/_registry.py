@@ -1,0 +1,169 @@
+"""The model registry: what a zoo entry is (``ModelSpec``) and how entries are found.
+
+A model module (``zoo/<model>.py``) builds one or more ``ModelSpec`` and calls ``register`` at import
+time; ``zoo.get(name)`` imports the model modules on first use, so ``import zoo`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import numpy as np
+
+DataKind = Literal["float", "int", "binary", "index"]
+Constraint = Literal["positive", "nonnegative", "positive_int", "nonnegative_int", "unit_interval",
+                     "probability", "any"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DataField:
+    """One array of a model's data dict.
+
+    ``shape`` names each axis symbolically (``("n", "F")``) or fixes it (an int); the same symbol in
+    two fields must have the same size (``X: ("n", "F")`` and ``y: ("n",)`` share ``n``).
+    ``kind``: ``float`` (finite reals, NaN allowed only if ``allow_nan``), ``int`` (any integers),
+    ``index`` (integers >= 0, e.g. group labels), ``binary`` (0/1).
+    """
+
+    name: str
+    shape: tuple[str | int, ...]
+    kind: DataKind = "float"
+    allow_nan: bool = False
+    optional: bool = False
+    doc: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Hyper:
+    """A hyperparameter of a model: its default, the constraint checked by ``fit`` and a one-line doc."""
+
+    default: Any
+    constraint: Constraint = "positive"
+    doc: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """Everything the rest of the package needs to know about one zoo entry.
+
+    Attributes
+    ----------
+    name, paper, description:
+        registry key, the paper it comes from (a citation line), and a one-paragraph summary.
+    model:
+        the NumPyro model. It is called as ``model(**spec.model_inputs(data, hyper))``; observed
+        sites take their values from the data (``obs=y``); the sites named in ``likelihood_sites``
+        make up the pointwise ``log_likelihood`` group, every other sample site the ``log_prior``.
+    observed_fields:
+        data fields stored in the ``observed_data`` group (the rest go to ``constant_data``);
+        default: the data fields named like a likelihood site.
+    simulate:
+        ``simulate(seed, **sizes) -> (data, truth)``: data is a dict the model takes, truth the
+        generating parameters (including the hyperparameters used).
+    data_fields:
+        the data contract, checked by ``fit`` before any compilation.
+    hyperparameters:
+        name -> ``Hyper`` (defaults are the papers'/notes' recommendations); options of ``fit``.
+    methods:
+        every method ``inference.fit`` accepts for this model (``"nuts"``, ``"svi"`` plus kernels).
+    model_inputs:
+        ``(data, hyper) -> kwargs`` for the model; default: data and hyperparameters merged.
+    check:
+        extra validation ``(data, hyper) -> None`` raising ``ValueError`` (e.g. index ranges).
+    dims, coords:
+        names of non-sample axes per site (``{"w": ["cluster", "feature"]}``) and
+        ``coords(data, hyper) -> {dim: labels}``; axes not named here get ``<site>_dim_<i>``, or the
+        name of the plate they belong to.
+    summaries:
+        for mixtures: ``(posterior: xarray.Dataset, data, hyper) -> xarray.Dataset`` of
+        label-switching-invariant quantities (same chain/draw dims) that diagnostics compare instead
+        of raw per-component parameters. ``None`` for models without label symmetry.
+    method_options:
+        per-method overrides of the generic option defaults (e.g. more NUTS warm-up for this model).
+    demo_sizes, demo_options:
+        simulator sizes and per-method options used by ``zoo compare`` / ``zoo demo`` (small enough
+        for the demo's 10-minute budget on 2 cores).
+    """
+
+    name: str
+    model: Callable[..., Any]
+    simulate: Callable[..., tuple[dict, dict]]
+    data_fields: tuple[DataField, ...]
+    paper: str = ""
+    description: str = ""
+    hyperparameters: Mapping[str, Hyper] = dataclasses.field(default_factory=dict)
+    methods: tuple[str, ...] = ("nuts", "svi")
+    likelihood_sites: tuple[str, ...] = ("y",)
+    observed_fields: tuple[str, ...] | None = None
+    model_inputs: Callable[[dict, dict], dict] | None = None
+    check: Callable[[dict, dict], None] | None = None
+    dims: Mapping[str, list[str]] = dataclasses.field(default_factory=dict)
+    coords: Callable[[dict, dict], dict] | None = None
+    summaries: Callable[..., Any] | None = None
+    method_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    demo_sizes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    demo_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def default_hyper(self) -> dict[str, Any]:
+        return {k: h.default for k, h in self.hyperparameters.items()}
+
+    def inputs(self, data: Mapping[str, np.ndarray], hyper: Mapping[str, Any]) -> dict[str, Any]:
+        """Keyword arguments of ``model`` for this data and these hyperparameters."""
+        if self.model_inputs is not None:
+            return self.model_inputs(dict(data), dict(hyper))
+        return {**data, **hyper}
+
+    def default_data(self, seed: int = 0) -> tuple[dict, dict]:
+        """The simulator's default dataset (what ``zoo compare``/``zoo demo`` and references use)."""
+        return self.simulate(seed, **self.demo_sizes)
+
+
+# Model modules in zoo/ that register specs; imported on first registry access.
+MODEL_MODULES: tuple[str, ...] = ()
+
+_REGISTRY: dict[str, ModelSpec] = {}
+_loaded = False
+
+
+def register(spec: ModelSpec, *, replace: bool = False) -> ModelSpec:
+    """Add ``spec`` to the registry (``replace=True`` to overwrite an entry of the same name)."""
+    if not isinstance(spec, ModelSpec):
+        raise TypeError(f"register expects a ModelSpec, got {type(spec).__name__}")
+    if spec.name in _REGISTRY and not replace and _REGISTRY[spec.name] is not spec:
+        raise ValueError(f"a model named {spec.name!r} is already registered")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def _load_builtin_models() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for module in MODEL_MODULES:
+        importlib.import_module(f"zoo.{module}")
+
+
+def list_models() -> list[str]:
+    """Names of every registered model, sorted."""
+    _load_builtin_models()
+    return sorted(_REGISTRY)
+
+
+def get(name: str | ModelSpec) -> ModelSpec:
+    """The ``ModelSpec`` registered under ``name`` (a ``ModelSpec`` is returned unchanged)."""
+    if isinstance(name, ModelSpec):
+        return name
+    _load_builtin_models()
+    if not isinstance(name, str) or name not in _REGISTRY:
+        known = ", ".join(sorted(_REGISTRY)) or "(none)"
+        raise ValueError(f"model: unknown model {name!r}; registered models are: {known}")
+    return _REGISTRY[name]
