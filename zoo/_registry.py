@@ -86,6 +86,8 @@ class ModelSpec:
     demo_sizes, demo_options:
         simulator sizes and per-method options used by ``zoo compare`` / ``zoo demo`` (small enough
         for the demo's 10-minute budget on 2 cores).
+    reference_options:
+        NUTS options (and hyperparameters) for the stored reference posterior (``make references``).
     """
 
     name: str
@@ -106,6 +108,7 @@ class ModelSpec:
     method_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     demo_sizes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     demo_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    reference_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def default_hyper(self) -> dict[str, Any]:

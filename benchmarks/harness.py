@@ -1,0 +1,128 @@
+"""Benchmark harness: both sides of a comparison measured in the same run, interleaved.
+
+Each ``benchmarks/bench_<name>.py`` defines ``main(h: Harness)`` and calls
+
+* ``h.compare(title, {"side A": fn_a, "side B": fn_b}, baseline="side B", work=..., work_unit=...)``:
+  each ``fn`` is called once to compile (its compile time is measured apart with JAX's compile
+  events), then the sides are run in interleaved order ``repeats`` times (>= 5) and the median wall
+  time is kept; the table shows each side's compile seconds, median run seconds, throughput
+  (``work`` per second, if given) and the ratio to the baseline;
+* ``h.table(title, rows, note=...)`` for results that are not timings (accuracy beside speed,
+  scaling slopes, ...).
+
+``python -m benchmarks [name ...]`` prints every table as it is produced and writes all of them,
+with a description of the machine, to ``benchmarks/results.md`` (atomically).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from inference._timing import Stopwatch
+
+RESULTS = Path(__file__).resolve().parent / "results.md"
+
+
+def _block(x: Any) -> Any:
+    return jax.block_until_ready(x) if x is not None else x
+
+
+def machine_description() -> str:
+    from importlib import metadata
+
+    versions = ", ".join(f"{p} {metadata.version(p)}" for p in ("jax", "numpyro", "arviz") if _has(p))
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (f"{platform.node()} | {platform.machine()} | {os.cpu_count()} CPUs | Python "
+            f"{platform.python_version()} | {versions} | load average {load} | "
+            f"{datetime.datetime.now().isoformat(timespec='seconds')}")
+
+
+def _has(pkg: str) -> bool:
+    from importlib import metadata
+    try:
+        metadata.version(pkg)
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
+class Harness:
+    def __init__(self, repeats: int = 5) -> None:
+        if repeats < 5:
+            raise ValueError(f"repeats: at least 5 repeats are needed for a median, got {repeats}")
+        self.repeats = repeats
+        self.sections: list[str] = []
+
+    def compare(self, title: str, sides: Mapping[str, Callable[[], Any]], *, baseline: str | None = None,
+                work: float | None = None, work_unit: str = "items", repeats: int | None = None,
+                note: str = "") -> dict[str, dict[str, float]]:
+        """Time every side (compile apart, then interleaved repeats); returns side -> figures."""
+        repeats = max(self.repeats, repeats or 0)
+        names = list(sides)
+        baseline = baseline or names[-1]
+        if baseline not in sides:
+            raise ValueError(f"baseline: {baseline!r} is not one of the sides {names}")
+        figures = {n: {"compile_s": 0.0, "first_call_s": 0.0, "runs": []} for n in names}
+        for n in names:  # first call: compile (+ one run)
+            with Stopwatch() as sw:
+                _block(sides[n]())
+            figures[n]["compile_s"] = sw.compile_seconds
+            figures[n]["first_call_s"] = sw.wall_seconds
+        for r in range(repeats):  # interleaved, rotating the order each round
+            order = names[r % len(names):] + names[:r % len(names)]
+            for n in order:
+                t0 = time.perf_counter()
+                _block(sides[n]())
+                figures[n]["runs"].append(time.perf_counter() - t0)
+        out = {}
+        base = statistics.median(figures[baseline]["runs"])
+        rows = []
+        for n in names:
+            med = statistics.median(figures[n]["runs"])
+            out[n] = {"compile_s": figures[n]["compile_s"], "median_s": med,
+                      "speedup_vs_baseline": base / med if med > 0 else float("inf")}
+            row = {"side": n, "compile s": f"{figures[n]['compile_s']:.2f}", "median run s": f"{med:.4g}",
+                   "min..max s": f"{min(figures[n]['runs']):.3g}..{max(figures[n]['runs']):.3g}"}
+            if work is not None:
+                out[n]["throughput"] = work / med
+                row[f"{work_unit}/s"] = f"{work / med:.4g}"
+            row[f"speed vs {baseline}"] = f"{base / med:.2f}x"
+            rows.append(row)
+        self.table(title, rows, note=(note + " " if note else "") +
+                   f"Median of {repeats} interleaved repeats after one compile call.")
+        return out
+
+    def table(self, title: str, rows: Sequence[Mapping[str, Any]], *, note: str = "") -> None:
+        cols = list(dict.fromkeys(c for r in rows for c in r))
+        lines = [f"### {title}", ""]
+        if note:
+            lines += [note, ""]
+        lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(_fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
+        text = "\n".join(lines) + "\n"
+        print(text, flush=True)
+        self.sections.append(text)
+
+    def write(self, path: Path = RESULTS) -> Path:
+        body = "# Benchmark results\n\n" + f"Machine: {machine_description()}\n\n" + "\n".join(self.sections)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".results.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(body)
+        os.replace(tmp, path)
+        return path
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
