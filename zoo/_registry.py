@@ -88,6 +88,9 @@ class ModelSpec:
         for the demo's 10-minute budget on 2 cores).
     reference_options:
         NUTS options (and hyperparameters) for the stored reference posterior (``make references``).
+    reference_datasets:
+        ``() -> {tag: (data, options)}``: every stored reference ``make references`` regenerates
+        (default: tag ``"default"`` on ``default_data()`` with ``reference_options``).
     """
 
     name: str
@@ -109,6 +112,7 @@ class ModelSpec:
     demo_sizes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     demo_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     reference_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    reference_datasets: Callable[[], Mapping[str, tuple[dict, dict]]] | None = None
 
     @property
     def default_hyper(self) -> dict[str, Any]:
