@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("MPLBACKEND", "Agg")
-import zoo  # noqa: E402,F401  (JAX set-up)
+from zoo import _runtime  # noqa: E402,F401  (JAX set-up: float64, 2 host devices, numpyro before arviz)
 from benchmarks.harness import Harness  # noqa: E402
 
 

@@ -5,7 +5,7 @@
 >>> diagnostics.scorecard(ref, {"gibbs": tree_gibbs, "svi": tree_svi})
 """
 
-import zoo  # noqa: F401  (JAX set-up and `import numpyro` before arviz)
+from zoo import _runtime  # noqa: F401  (JAX set-up and `import numpyro` before arviz)
 from diagnostics import references
 from diagnostics.scorecard import compared_posterior, reference_health, scorecard
 

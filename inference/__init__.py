@@ -7,7 +7,7 @@ hand-written kernels, each returning an ArviZ ``xarray.DataTree``.
 >>> inference.save(tree, "hlcr_gibbs.nc")
 """
 
-import zoo  # noqa: F401  (JAX set-up and `import numpyro` before arviz)
+from zoo import _runtime  # noqa: F401  (JAX set-up and `import numpyro` before arviz)
 from inference._methods import Draws, FitContext, available_methods, register_method
 from inference.api import fit
 from inference.io import load, save

@@ -8,7 +8,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 os.environ.setdefault("BAYES_ZOO_JAX_CACHE", str(ROOT / ".jax_cache"))
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-import zoo  # noqa: E402,F401  (JAX set-up: float64, 2 host devices, numpyro before arviz)
+from zoo import _runtime  # noqa: E402,F401  (JAX set-up: float64, 2 host devices, numpyro before arviz)
 import pytest  # noqa: E402
 
 

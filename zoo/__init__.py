@@ -4,13 +4,28 @@
 >>> zoo.list_models()
 >>> spec = zoo.get("hlcr"); data, truth = spec.simulate(0)
 
-Importing this package configures JAX once for the whole project (float64, two host CPU devices,
-``import numpyro`` before ArviZ): see ``zoo/_runtime.py``.
+The first use of anything here configures JAX once for the whole project (float64, two host CPU
+devices, ``import numpyro`` before ArviZ; see ``zoo/_runtime.py``). The names are loaded lazily
+(PEP 562) so that ``zoo --help`` does not pay for importing JAX.
 """
 
-from zoo import _runtime  # noqa: F401  (must run before anything else touches JAX)
-from zoo._registry import DataField, Hyper, ModelSpec, get, list_models, register, unregister
-from zoo._validation import validate_data, validate_hyper
+import importlib
 
-__all__ = ["DataField", "Hyper", "ModelSpec", "get", "list_models", "register", "unregister",
-           "validate_data", "validate_hyper"]
+_EXPORTS = {
+    "DataField": "zoo._registry", "Hyper": "zoo._registry", "ModelSpec": "zoo._registry",
+    "get": "zoo._registry", "list_models": "zoo._registry", "register": "zoo._registry",
+    "unregister": "zoo._registry", "validate_data": "zoo._validation", "validate_hyper": "zoo._validation",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'zoo' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from zoo import _runtime  # noqa: F401  (JAX set-up before any model module touches JAX)
+
 DataKind = Literal["float", "int", "binary", "index"]
 Constraint = Literal["positive", "nonnegative", "positive_int", "nonnegative_int", "unit_interval",
                      "probability", "any"]
