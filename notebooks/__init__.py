@@ -1,0 +1,1 @@
+"""Teaching notebooks (jupytext percent-format sources); ``python -m notebooks.build`` executes them."""
