@@ -21,7 +21,7 @@ def main(argv: list[str]) -> int:
     h = Harness()
     for name in chosen:
         print(f"## {name}\n", flush=True)
-        h.sections.append(f"## {name}\n")
+        h.start(name)
         importlib.import_module(f"benchmarks.bench_{name}").main(h)
         h.write()  # after each benchmark, so an interrupted run keeps what finished
     print(f"results written to {h.write()}")

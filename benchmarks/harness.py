@@ -10,8 +10,9 @@ Each ``benchmarks/bench_<name>.py`` defines ``main(h: Harness)`` and calls
 * ``h.table(title, rows, note=...)`` for results that are not timings (accuracy beside speed,
   scaling slopes, ...).
 
-``python -m benchmarks [name ...]`` prints every table as it is produced and writes all of them,
-with a description of the machine, to ``benchmarks/results.md`` (atomically).
+``python -m benchmarks [name ...]`` prints every table as it is produced and writes them, with a
+description of the machine, to ``benchmarks/results.md`` (atomically, after each benchmark); the
+sections of benchmarks not run this time are kept.
 """
 
 from __future__ import annotations
@@ -61,7 +62,13 @@ class Harness:
         if repeats < 5:
             raise ValueError(f"repeats: at least 5 repeats are needed for a median, got {repeats}")
         self.repeats = repeats
-        self.sections: list[str] = []
+        self.sections: dict[str, list[str]] = {}
+        self.current = "misc"
+
+    def start(self, name: str) -> None:
+        """Begin the section of benchmark ``name`` (its tables replace that section in results.md)."""
+        self.current = name
+        self.sections[name] = []
 
     def compare(self, title: str, sides: Mapping[str, Callable[[], Any]], *, baseline: str | None = None,
                 work: float | None = None, work_unit: str = "items", repeats: int | None = None,
@@ -111,10 +118,21 @@ class Harness:
         lines += ["| " + " | ".join(_fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
         text = "\n".join(lines) + "\n"
         print(text, flush=True)
-        self.sections.append(text)
+        self.sections.setdefault(self.current, []).append(text)
 
     def write(self, path: Path = RESULTS) -> Path:
-        body = "# Benchmark results\n\n" + f"Machine: {machine_description()}\n\n" + "\n".join(self.sections)
+        """Write results.md: sections of benchmarks run now replace their old sections; the others
+        are kept (each section records the machine and time it was measured on)."""
+        old = {}
+        if path.is_file():
+            for chunk in path.read_text().split("\n## ")[1:]:
+                name = chunk.split("\n", 1)[0].strip()
+                old[name] = "## " + chunk.rstrip() + "\n"
+        machine = machine_description()
+        for name, tables in self.sections.items():
+            old[name] = f"## {name}\n\nMachine: {machine}\n\n" + "\n".join(tables)
+        body = "# Benchmark results\n\n`make bench` (or `python -m benchmarks NAME`) regenerates a section.\n\n" + \
+            "\n".join(old[k] for k in sorted(old))
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".results.", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             f.write(body)
