@@ -7,6 +7,8 @@ from pathlib import Path
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 from zoo import _runtime  # noqa: E402,F401  (JAX set-up: float64, 2 host devices, numpyro before arviz)
+
+# isort: split
 from benchmarks.harness import Harness  # noqa: E402
 
 

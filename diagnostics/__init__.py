@@ -6,6 +6,8 @@
 """
 
 from zoo import _runtime  # noqa: F401  (JAX set-up and `import numpyro` before arviz)
+
+# isort: split
 from diagnostics import references
 from diagnostics.scorecard import compared_posterior, reference_health, scorecard
 

@@ -20,7 +20,8 @@ import numpy as np
 import xarray as xr
 
 import zoo
-from inference import fit, load as load_tree, log_densities, save
+from inference import fit, log_densities, save
+from inference import load as load_tree
 from zoo._validation import validate_data
 
 REFERENCE_DIR = Path(zoo.__file__).resolve().parent / "references"

@@ -8,6 +8,8 @@ hand-written kernels, each returning an ArviZ ``xarray.DataTree``.
 """
 
 from zoo import _runtime  # noqa: F401  (JAX set-up and `import numpyro` before arviz)
+
+# isort: split
 from inference._methods import Draws, FitContext, available_methods, register_method
 from inference.api import fit
 from inference.io import load, save

@@ -36,7 +36,7 @@ def scan_with_progress(step: Callable[[Any, Any], tuple[Any, Any]], state: Any, 
     done = 0
     while done < length:
         n = min(chunk, length - done)
-        x = None if xs is None else jax.tree.map(lambda a: a[done:done + n], xs)
+        x = None if xs is None else jax.tree.map(lambda a, lo=done, hi=done + n: a[lo:hi], xs)
         if n == chunk:
             state, out = run_chunk(state, x)
         else:  # the last, shorter chunk compiles once more

@@ -9,6 +9,8 @@ os.environ.setdefault("BAYES_ZOO_JAX_CACHE", str(ROOT / ".jax_cache"))
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 from zoo import _runtime  # noqa: E402,F401  (JAX set-up: float64, 2 host devices, numpyro before arviz)
+
+# isort: split
 import pytest  # noqa: E402
 
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_spine import SPEC  # the conjugate toy model (registered only in tests)
 from typer.testing import CliRunner
 
 import inference
 import zoo
 from zoo.cli import app
-
-from test_spine import SPEC  # the conjugate toy model (registered only in tests)
 
 runner = CliRunner()
 
