@@ -1,0 +1,369 @@
+"""HLCR: hierarchical latent class regression (Yang, Carette, Jimbo & Maruyama, "Federated Latent Class
+Regression for Hierarchical Data"; engineering notes ``shared/notes/000_fedhlcr.md``).
+
+Agent -> entity -> event data. Every (agent, entity) *pair* e has one cluster label z_e; all events of
+the pair are a linear regression with that cluster's weights::
+
+    w_k     ~ N(0, delta^2 I_F)                 k = 1..K                       (paper §4.1 step 1)
+    psi     ~ Dir(alpha/K, ..., alpha/K)        global cluster proportions     (step 2)
+    theta_i ~ Dir(beta * psi)                   agent i's cluster proportions  (step 3)
+    z_e     ~ Cat(theta_{agent(e)})             one label per (agent, entity)  (step 4)
+    y_n     ~ N(w_{z_e}^T x_n, sigma^2)         every event n of pair e        (step 5)
+
+Data contract (flat arrays, ragged by nature; events of a pair need not be contiguous): ``X`` (events, F),
+``y`` (events,), ``agent`` (events,) and ``entity`` (events,) integer ids. A pair is an (agent, entity)
+combination; entity ids only matter within an agent. Pairs are numbered in sorted (agent, entity)
+order (``pair_structure``), agents in sorted id order.
+
+The NumPyro ``model`` marginalises z by log-sum-exp over K per pair, using the per-pair sufficient
+statistics G_e = X_e^T X_e, g_e = X_e^T y_e, q_e = y_e^T y_e, n_e (notes §2.3, "sufficient-statistic
+variant"): log N(y_e | X_e w_k, sigma^2 I) = -n_e/2 log(2 pi sigma^2) - (q_e - 2 w_k^T g_e + w_k^T G_e w_k)
+/ (2 sigma^2). The cost is O(pairs K F^2) whatever the number of events, and the same statistics feed
+the Gibbs and VB-EM kernels (``inference/hlcr_*.py``). ``model_enumerated`` is the teaching form with
+``config_enumerate`` over padded events (notes §2.3 b).
+
+Label switching: the posterior is invariant to permuting the K labels, so ``summaries`` reports only
+label-invariant quantities (log joint, sorted psi, Rao-Blackwellised co-clustering probabilities and
+per-pair predictive means of a few pairs); ``inference.hlcr_common.relabel`` matches per-cluster
+quantities to a reference (Hungarian algorithm) when they are needed.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import xarray as xr
+
+from zoo._registry import DataField, Hyper, ModelSpec, register
+
+LOG_2PI = float(np.log(2 * np.pi))
+
+
+# --------------------------------------------------------------------------------------------------
+# The generative model
+# --------------------------------------------------------------------------------------------------
+
+def pair_loglik(w, G, g, q, n_ev, sigma):
+    """log N(y_e | X_e w_k, sigma^2 I) for every pair e and cluster k, from sufficient statistics: (E, K).
+
+    ``w`` (K, F); ``G`` (E, F, F); ``g`` (E, F); ``q``, ``n_ev`` (E,)."""
+    quad = q[:, None] - 2.0 * g @ w.T + jnp.einsum("kf,efh,kh->ek", w, G, w)
+    return -0.5 * n_ev[:, None] * (LOG_2PI + 2.0 * jnp.log(sigma)) - 0.5 * quad / sigma**2
+
+
+def model(G, g, q, n_ev, pair_agent, n_agents, K, alpha, beta, delta, sigma):
+    """HLCR with the pair labels z marginalised (log-sum-exp over K per pair; notes §2.3 a).
+
+    Site ``y_pair`` is one factor per pair: log p(y_e | w, theta) = logsumexp_k [log theta_{i(e),k} +
+    log N(y_e | X_e w_k, sigma^2 I)], so the pointwise log-likelihood is per (agent, entity) pair.
+    """
+    E, F = g.shape
+    with numpyro.plate("cluster", K):
+        w = numpyro.sample("w", dist.Normal(0.0, delta).expand([F]).to_event(1))          # (K, F)
+    psi = numpyro.sample("psi", dist.Dirichlet(jnp.full(K, alpha / K)))                     # (K,)
+    with numpyro.plate("agent", n_agents):
+        theta = numpyro.sample("theta", dist.Dirichlet(beta * psi))                         # (N, K)
+    log_lik = pair_loglik(w, G, g, q, n_ev, sigma)                                          # (E, K)
+    with numpyro.plate("pair", E):
+        numpyro.factor("y_pair", jax.nn.logsumexp(jnp.log(theta)[pair_agent] + log_lik, axis=-1))
+
+
+def model_enumerated(Xp, yp, mask, pair_agent, n_agents, K, alpha, beta, delta, sigma):
+    """The same model with z as an enumerated discrete site (teaching form, notes §2.3 b).
+
+    Events padded to (E, Nmax): ``Xp`` (E, Nmax, F), ``yp`` (E, Nmax), ``mask`` (E, Nmax) bool (see
+    ``padded_events``). The event plate is nested inside the pair plate so the enumerated sum over z is
+    taken per pair. Needs ``funsor`` (``numpyro.contrib.funsor``) for NUTS/``TraceEnum_ELBO``; draw the
+    labels afterwards with ``Predictive(..., infer_discrete=True)``.
+    """
+    E, Nmax, F = Xp.shape
+    with numpyro.plate("cluster", K):
+        w = numpyro.sample("w", dist.Normal(0.0, delta).expand([F]).to_event(1))
+    psi = numpyro.sample("psi", dist.Dirichlet(jnp.full(K, alpha / K)))
+    with numpyro.plate("agent", n_agents):
+        theta = numpyro.sample("theta", dist.Dirichlet(beta * psi))
+    with numpyro.plate("pair", E, dim=-2):
+        z = numpyro.sample("z", dist.Categorical(theta[pair_agent][:, None, :]),
+                           infer={"enumerate": "parallel"})
+        with numpyro.plate("event", Nmax, dim=-1):
+            mu = jnp.sum(w[z] * Xp, -1)
+            numpyro.sample("y", dist.Normal(mu, sigma).mask(mask), obs=yp)
+
+
+# --------------------------------------------------------------------------------------------------
+# Data layout: pairs, per-pair sufficient statistics (pure NumPy, O(events F^2) once)
+# --------------------------------------------------------------------------------------------------
+
+def pair_structure(agent, entity):
+    """Number the pairs and agents of flat event arrays.
+
+    Returns a dict: ``pair`` (events,) pair index of each event; ``pair_agent`` (E,) agent index of each
+    pair; ``agent_ids`` (N,) and ``pair_ids`` (E, 2) the original (agent, entity) ids; ``n_agents``,
+    ``n_pairs``. Pairs are sorted by (agent id, entity id); agents by id.
+    """
+    agent = np.asarray(agent, dtype=np.int64)
+    entity = np.asarray(entity, dtype=np.int64)
+    agent_ids, agent_idx = np.unique(agent, return_inverse=True)
+    key = agent_idx * (int(entity.max()) + 1) + entity
+    pair_keys, pair = np.unique(key, return_inverse=True)
+    first = np.zeros(len(pair_keys), dtype=np.int64)
+    first[pair[::-1]] = np.arange(len(pair))[::-1]   # an event of each pair
+    pair_agent = agent_idx[first]
+    return {"pair": pair.astype(np.int64), "pair_agent": pair_agent.astype(np.int64), "agent_ids": agent_ids,
+            "pair_ids": np.stack([agent[first], entity[first]], axis=1), "n_agents": len(agent_ids),
+            "n_pairs": len(pair_keys)}
+
+
+def pair_statistics(X, y, pair, n_pairs):
+    """Per-pair sufficient statistics G_e = X_e^T X_e (E, F, F), g_e = X_e^T y_e (E, F), q_e = y_e^T y_e
+    (E,), n_e (E,) for events with pair index ``pair``; memory O(events + E F^2) (one bincount per entry
+    of G, no (events, F, F) temporary)."""
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    F = X.shape[1]
+    G = np.empty((n_pairs, F, F))
+    for a in range(F):
+        for b in range(a, F):
+            G[:, a, b] = G[:, b, a] = np.bincount(pair, weights=X[:, a] * X[:, b], minlength=n_pairs)
+    g = np.stack([np.bincount(pair, weights=X[:, a] * y, minlength=n_pairs) for a in range(F)], axis=1)
+    q = np.bincount(pair, weights=y * y, minlength=n_pairs)
+    n = np.bincount(pair, minlength=n_pairs).astype(np.float64)
+    return G, g, q, n
+
+
+def resolve_hyper(hyper):
+    """Hyperparameters with ``alpha=None`` replaced by its default K (psi uniform on the simplex)."""
+    out = dict(hyper)
+    if out.get("alpha") is None:
+        out["alpha"] = float(out["K"])
+    return out
+
+
+def model_inputs(data, hyper):
+    """Model keyword arguments: per-pair statistics and the pair -> agent index (notes §2.3)."""
+    ps = pair_structure(data["agent"], data["entity"])
+    G, g, q, n = pair_statistics(data["X"], data["y"], ps["pair"], ps["n_pairs"])
+    h = resolve_hyper(hyper)
+    return {"G": G, "g": g, "q": q, "n_ev": n, "pair_agent": ps["pair_agent"], "n_agents": ps["n_agents"],
+            "K": int(h["K"]), "alpha": float(h["alpha"]), "beta": float(h["beta"]), "delta": float(h["delta"]),
+            "sigma": float(h["sigma"])}
+
+
+def padded_events(data):
+    """Inputs of ``model_enumerated``: events padded per pair to (E, Nmax) with a mask."""
+    ps = pair_structure(data["agent"], data["entity"])
+    pair = ps["pair"]
+    order = np.argsort(pair, kind="stable")
+    counts = np.bincount(pair, minlength=ps["n_pairs"])
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    slot = np.arange(len(pair)) - starts[pair[order]]
+    E, Nmax, F = ps["n_pairs"], int(counts.max()), data["X"].shape[1]
+    Xp, yp, mask = np.zeros((E, Nmax, F)), np.zeros((E, Nmax)), np.zeros((E, Nmax), bool)
+    Xp[pair[order], slot] = data["X"][order]
+    yp[pair[order], slot] = data["y"][order]
+    mask[pair[order], slot] = True
+    return {"Xp": Xp, "yp": yp, "mask": mask, "pair_agent": ps["pair_agent"], "n_agents": ps["n_agents"]}
+
+
+# --------------------------------------------------------------------------------------------------
+# Simulator (the paper's SynthHLCR knobs; concrete generator of notes §5.1)
+# --------------------------------------------------------------------------------------------------
+
+def simulate(seed, n_agents=16, mean_entities=3.0, mean_events=10.0, K=3, F=3, sigma=0.5, delta=1.0,
+             alpha=None, beta=1.0, entity_pool=128, psi=None, shuffle=True):
+    """SynthHLCR data following the generative story.
+
+    Knobs (paper notation): N = ``n_agents``; N_* = ``mean_entities`` (N_i = 1 + Poisson(N_* - 1));
+    N_** = ``mean_events`` (N_ij = 1 + Poisson(N_** - 1)); K, F, sigma, delta, alpha (default K), beta.
+    Each agent draws N_i distinct entity ids from a pool of ``entity_pool`` ids (cosmetic); x ~ N(0, I_F).
+    ``psi`` fixes the global proportions instead of drawing them (e.g. 1/K for recovery tests).
+    Events are shuffled (``shuffle``) so pairs are not contiguous, as in real logs.
+
+    Returns ``(data, truth)``: data = {X, y, agent, entity}; truth = {w, psi, theta, z (per pair, in
+    ``pair_structure`` order), z_event, hyperparameters}.
+    """
+    rng = np.random.default_rng(seed)
+    alpha = float(K) if alpha is None else float(alpha)
+    w = rng.normal(0.0, delta, size=(K, F))
+    psi = rng.dirichlet(np.full(K, alpha / K)) if psi is None else np.asarray(psi, dtype=float)
+    theta = rng.dirichlet(np.maximum(beta * psi, 1e-300), size=n_agents)
+    n_ent = 1 + rng.poisson(mean_entities - 1, size=n_agents)
+    pool = max(entity_pool, int(n_ent.max()))
+    agent, entity, zev = [], [], []
+    n_ev_all = []
+    for i in range(n_agents):
+        ents = np.sort(rng.choice(pool, size=n_ent[i], replace=False))
+        z_i = rng.choice(K, size=n_ent[i], p=theta[i] / theta[i].sum())
+        n_ev = 1 + rng.poisson(mean_events - 1, size=n_ent[i])
+        n_ev_all.append(n_ev)
+        agent.append(np.repeat(i, n_ev.sum()))
+        entity.append(np.repeat(ents, n_ev))
+        zev.append(np.repeat(z_i, n_ev))
+    agent, entity, zev = map(np.concatenate, (agent, entity, zev))
+    M = len(agent)
+    X = rng.normal(size=(M, F))
+    y = np.einsum("mf,mf->m", X, w[zev]) + sigma * rng.normal(size=M)
+    if shuffle:
+        perm = rng.permutation(M)
+        X, y, agent, entity, zev = X[perm], y[perm], agent[perm], entity[perm], zev[perm]
+    ps = pair_structure(agent, entity)
+    z_pair = np.zeros(ps["n_pairs"], dtype=np.int64)
+    z_pair[ps["pair"]] = zev
+    data = {"X": X, "y": y, "agent": agent, "entity": entity}
+    truth = {"w": w, "psi": psi, "theta": theta, "z": z_pair, "z_event": zev,
+             "hyperparameters": {"K": K, "alpha": alpha, "beta": beta, "delta": delta, "sigma": sigma}}
+    return data, truth
+
+
+def split_events(data, test_fraction=0.2, seed=0):
+    """Hold out ``test_fraction`` of events, stratified so that every pair keeps >= 1 training event.
+
+    Returns ``(train, test)`` data dicts (same keys)."""
+    rng = np.random.default_rng(seed)
+    pair = pair_structure(data["agent"], data["entity"])["pair"]
+    u = rng.random(len(pair))
+    # the event with the smallest u of each pair always stays in training
+    order = np.lexsort((u, pair))
+    first = np.ones(len(pair), bool)
+    first[1:] = pair[order][1:] != pair[order][:-1]
+    keep = np.zeros(len(pair), bool)
+    keep[order[first]] = True
+    test = (u < test_fraction) & ~keep
+    return ({k: v[~test] for k, v in data.items()}, {k: v[test] for k, v in data.items()})
+
+
+# --------------------------------------------------------------------------------------------------
+# Label-invariant summaries (what diagnostics compare across methods)
+# --------------------------------------------------------------------------------------------------
+
+N_SUMMARY_PAIRS = 8
+
+
+def summary_pairs(n_pairs, n=N_SUMMARY_PAIRS):
+    """The pairs whose co-clustering and predictive means are summarised: ``n`` evenly spaced ones."""
+    return np.unique(np.linspace(0, n_pairs - 1, min(n, n_pairs)).round().astype(np.int64))
+
+
+def _summary_one(w, psi, theta, inp, sel, xbar):
+    K = w.shape[0]
+    log_lik = pair_loglik(w, inp["G"], inp["g"], inp["q"], inp["n_ev"], inp["sigma"])
+    logits = jnp.log(theta)[inp["pair_agent"]] + log_lik
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    lp = (dist.Normal(0.0, inp["delta"]).log_prob(w).sum()
+          + dist.Dirichlet(jnp.full(K, inp["alpha"] / K)).log_prob(psi)
+          + dist.Dirichlet(inp["beta"] * psi).log_prob(theta).sum() + lse.sum())
+    r = jax.nn.softmax(logits[sel], axis=-1)                        # p(z_e = k | w, theta, y)
+    co = r @ r.T
+    iu = jnp.triu_indices(len(sel), 1)
+    pred = jnp.sum(r * (xbar @ w.T), axis=-1)
+    return lp, jnp.sort(psi)[::-1], co[iu], pred
+
+
+def summaries(posterior, data, hyper):
+    """Label-invariant summaries of HLCR draws (the same definition for every method):
+
+    * ``log_joint``: log p(y, w, psi, theta) of the z-marginalised model at each draw;
+    * ``psi_sorted``: psi sorted in decreasing order;
+    * ``coclust``: Rao-Blackwellised P(z_e = z_e' | w, theta, y) = sum_k r_ek r_e'k for the pairs of
+      ``summary_pairs`` (z is conditionally independent across pairs given w and theta);
+    * ``pred_mean``: sum_k r_ek w_k^T xbar_e, the predictive mean at each summarised pair's mean feature.
+    """
+    inp = model_inputs({k: np.asarray(data[k]) for k in ("X", "y", "agent", "entity")}, hyper)
+    E = inp["g"].shape[0]
+    sel = summary_pairs(E)
+    ps = pair_structure(data["agent"], data["entity"])
+    X = np.asarray(data["X"], float)
+    sums = np.stack([np.bincount(ps["pair"], weights=X[:, a], minlength=E) for a in range(X.shape[1])], 1)
+    xbar = sums[sel] / inp["n_ev"][sel, None]
+    w = np.asarray(posterior["w"].transpose("chain", "draw", ...).values)
+    psi = np.asarray(posterior["psi"].transpose("chain", "draw", ...).values)
+    theta = np.asarray(posterior["theta"].transpose("chain", "draw", ...).values)
+    C, S = w.shape[:2]
+    const = {k: jnp.asarray(v) for k, v in inp.items() if k not in ("K", "n_agents")}
+    fn = jax.jit(lambda a, b, c: jax.lax.map(
+        lambda t: _summary_one(t[0], t[1], t[2], const, sel, jnp.asarray(xbar)), (a, b, c),
+        batch_size=min(64, C * S)))
+    lp, ps_sorted, co, pred = (np.asarray(v).reshape(C, S, *v.shape[1:]) for v in fn(
+        w.reshape(C * S, *w.shape[2:]), psi.reshape(C * S, -1), theta.reshape(C * S, *theta.shape[2:])))
+    iu = np.triu_indices(len(sel), 1)
+    coords = {"chain": posterior["chain"].values, "draw": posterior["draw"].values,
+              "pair_pair": [f"{sel[a]}~{sel[b]}" for a, b in zip(*iu, strict=True)],
+              "summary_pair": sel, "rank": np.arange(psi.shape[-1])}
+    return xr.Dataset({
+        "log_joint": (("chain", "draw"), lp),
+        "psi_sorted": (("chain", "draw", "rank"), ps_sorted),
+        "coclust": (("chain", "draw", "pair_pair"), co),
+        "pred_mean": (("chain", "draw", "summary_pair"), pred),
+    }, coords=coords)
+
+
+# --------------------------------------------------------------------------------------------------
+# Registration
+# --------------------------------------------------------------------------------------------------
+
+def check(data, hyper):
+    """Model-specific input checks (run by ``fit`` before compilation)."""
+    if hyper.get("alpha") is not None:
+        a = hyper["alpha"]
+        if isinstance(a, bool) or not isinstance(a, int | float) or not np.isfinite(a) or a <= 0:
+            raise ValueError(f"alpha: expected a positive number or None (meaning K), got {a!r}")
+    if data["X"].shape[0] != data["y"].shape[0]:
+        raise ValueError("data['X']: must have one row per event of data['y']")
+
+
+def coords(data, hyper):
+    ps = pair_structure(data["agent"], data["entity"])
+    return {"cluster": np.arange(int(hyper["K"])), "feature": np.arange(data["X"].shape[1]),
+            "agent": ps["agent_ids"], "pair": np.arange(ps["n_pairs"])}
+
+
+def reference_datasets():
+    """Stored NUTS references: the demo data (tag ``default``)."""
+    data, _ = SPEC.default_data()
+    return {"default": (data, dict(SPEC.reference_options))}
+
+
+SPEC = register(ModelSpec(
+    name="hlcr",
+    paper="Yang, Carette, Jimbo & Maruyama, Federated Latent Class Regression for Hierarchical Data "
+          "(HLCR/FedHLCR); corrected per shared/notes/000_fedhlcr.md",
+    description="Mixture of K Bayesian linear regressions for agent -> entity -> event data: every "
+                "(agent, entity) pair has one cluster label with an LDA-style hierarchical prior "
+                "(psi ~ Dir(alpha/K), theta_i ~ Dir(beta psi), z ~ Cat(theta_i)); w_k ~ N(0, delta^2 I), "
+                "y ~ N(w_z^T x, sigma^2) with sigma known. Labels are marginalised for NUTS/SVI.",
+    model=model,
+    simulate=simulate,
+    data_fields=(
+        DataField("X", ("n", "F"), doc="event features"),
+        DataField("y", ("n",), doc="event targets"),
+        DataField("agent", ("n",), kind="index", doc="agent id of each event"),
+        DataField("entity", ("n",), kind="index", doc="entity id of each event (a pair = (agent, entity))"),
+    ),
+    hyperparameters={
+        "K": Hyper(3, "positive_int", "number of clusters"),
+        "alpha": Hyper(None, "any", "total concentration of psi ~ Dir(alpha/K); None means K (uniform psi)"),
+        "beta": Hyper(1.0, "positive", "concentration of theta_i ~ Dir(beta psi)"),
+        "delta": Hyper(1.0, "positive", "prior sd of the regression weights"),
+        "sigma": Hyper(0.5, "positive", "noise sd (known; set it to the data's noise level)"),
+    },
+    methods=("nuts", "svi", "gibbs", "vbem"),
+    likelihood_sites=("y_pair",),
+    observed_fields=("y",),
+    model_inputs=model_inputs,
+    check=check,
+    dims={"w": ["cluster", "feature"], "psi": ["cluster"], "theta": ["agent", "cluster"], "y_pair": ["pair"],
+          "z": ["pair"]},
+    coords=coords,
+    summaries=summaries,
+    method_options={"nuts": {"target_accept_prob": 0.9}},
+    demo_sizes={"n_agents": 12, "mean_entities": 3.0, "mean_events": 10.0, "K": 3, "F": 3, "sigma": 0.5},
+    demo_options={"nuts": {"num_warmup": 500, "num_samples": 500},
+                  "svi": {"num_steps": 3000, "guide": "normal"},
+                  "gibbs": {"num_warmup": 200, "num_samples": 1000},
+                  "vbem": {"max_iter": 100}},
+    reference_options={"num_warmup": 1000, "num_samples": 2000, "num_chains": 2, "target_accept_prob": 0.95},
+    reference_datasets=reference_datasets,
+))
