@@ -36,7 +36,7 @@ SHARED_OPTION_CONSTRAINTS: dict[str, str] = {
 # Options every method accepts.
 COMMON_OPTIONS: dict[str, Any] = {"progress": None}
 
-KERNEL_MODULES: tuple[str, ...] = ()
+KERNEL_MODULES: tuple[str, ...] = ("inference.hlcr_gibbs",)
 
 
 @dataclasses.dataclass(frozen=True)

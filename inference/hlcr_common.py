@@ -1,0 +1,313 @@
+"""HLCR building blocks shared by the collapsed Gibbs, VB-EM and (issue 4) federated kernels.
+
+Everything here is a pure function of per-pair sufficient statistics (``zoo.hlcr.pair_statistics``)
+and per-cluster sums, so an agent can run it on its own pairs and a server on summed messages:
+
+* ``PairData`` / ``pair_data``: the per-pair statistics scaled by 1/sigma^2 and the constant part of
+  the pair's log likelihood;
+* ``cluster_sums``: per-cluster sums D_k = sum_{e: z_e = k} G_e / sigma^2 (K, F, F), c_k (K, F), counts
+  (K,) of a set of pairs (all pairs, or one agent's: the FedHLCR message), hard or soft labels;
+* ``log_normaliser``: logZ(A, b) = 1/2 b^T A^-1 b - 1/2 log|A| by an unrolled Cholesky (batched);
+* ``pair_log_predictive``: log p(y_e | z_e = k, other pairs' stats) for every k, by the normaliser
+  ratio (notes §3.1, corrected Theorem 1);
+* ``prior_logits``: the label prior, exact hierarchical (notes P1) or the paper's eq. (2);
+* ``antoniak_table_totals`` / ``sample_log_dirichlet``: the auxiliary-variable psi update (notes P1);
+* ``relabel``/``match_labels``: Hungarian matching of labels to a reference;
+* ``predict``: the paper's Theorem 2 posterior predictive with intervals.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from zoo.hlcr import LOG_2PI, model_inputs, pair_structure, resolve_hyper
+
+TINY_LOG = float(np.log(np.finfo(np.float64).tiny))
+
+
+class PairData(NamedTuple):
+    """Per-pair sufficient statistics, scaled for the sampler (E pairs, F features).
+
+    Gs: G_e / sigma^2 (E, F, F); gs: g_e / sigma^2 (E, F); const: -n_e/2 log(2 pi sigma^2) - q_e/(2 sigma^2)
+    (E,); agent: agent index of each pair (E,)."""
+
+    Gs: jax.Array
+    gs: jax.Array
+    const: jax.Array
+    agent: jax.Array
+
+
+def pair_data(inputs: dict) -> PairData:
+    """``PairData`` from the model inputs (``zoo.hlcr.model_inputs``)."""
+    s2 = inputs["sigma"] ** 2
+    const = -0.5 * inputs["n_ev"] * (LOG_2PI + np.log(s2)) - 0.5 * inputs["q"] / s2
+    return PairData(jnp.asarray(inputs["G"] / s2), jnp.asarray(inputs["g"] / s2), jnp.asarray(const),
+                    jnp.asarray(inputs["pair_agent"], dtype=jnp.int32))
+
+
+def cluster_sums(Gs, gs, labels, K):
+    """Per-cluster sums of pair statistics: D (K, F, F), c (K, F), counts (K,).
+
+    ``labels``: hard labels (E,) int, or soft responsibilities (E, K). This is exactly an agent's FedHLCR
+    upload when called on that agent's pairs (Algorithm 3 with the per-pair sums of erratum E7); the
+    cluster precision is I/delta^2 + sum over agents of D."""
+    if labels.ndim == 1:
+        D = jax.ops.segment_sum(Gs, labels, num_segments=K)
+        c = jax.ops.segment_sum(gs, labels, num_segments=K)
+        n = jax.ops.segment_sum(jnp.ones(labels.shape[0]), labels, num_segments=K)
+        return D, c, n
+    return jnp.einsum("ek,eij->kij", labels, Gs), labels.T @ gs, labels.sum(0)
+
+
+def _chol_unrolled(A):
+    """Cholesky factor entries of a batch of small SPD matrices, unrolled over the static size F (XLA
+    fuses it into one loop; much cheaper than a LAPACK call per matrix inside a scan)."""
+    F = A.shape[-1]
+    L = [[None] * F for _ in range(F)]
+    for j in range(F):
+        s = A[..., j, j]
+        for k in range(j):
+            s = s - L[j][k] ** 2
+        d = jnp.sqrt(s)
+        L[j][j] = d
+        for i in range(j + 1, F):
+            t = A[..., i, j]
+            for k in range(j):
+                t = t - L[i][k] * L[j][k]
+            L[i][j] = t / d
+    return L
+
+
+UNROLL_MAX_F = 12
+
+
+def log_normaliser(A, b):
+    """logZ(A, b) = 1/2 b^T A^-1 b - 1/2 log|A| for a batch of SPD ``A`` (..., F, F) and ``b`` (..., F).
+
+    The Gaussian integral int exp(-1/2 w^T A w + b^T w) dw = (2 pi)^{F/2} exp(logZ(A, b))."""
+    F = A.shape[-1]
+    if F > UNROLL_MAX_F:
+        L = jnp.linalg.cholesky(A)
+        v = jax.scipy.linalg.solve_triangular(L, b[..., None], lower=True)[..., 0]
+        return 0.5 * jnp.sum(v**2, -1) - jnp.sum(jnp.log(jnp.diagonal(L, axis1=-2, axis2=-1)), -1)
+    L = _chol_unrolled(A)
+    v, quad, logdet = [], 0.0, 0.0
+    for i in range(F):
+        t = b[..., i]
+        for k in range(i):
+            t = t - L[i][k] * v[k]
+        v.append(t / L[i][i])
+        quad = quad + v[i] ** 2
+        logdet = logdet + jnp.log(L[i][i])
+    return 0.5 * quad - logdet
+
+
+def prior_precision(F, delta):
+    return jnp.eye(F) / delta**2
+
+
+def cluster_state(Gs, gs, z, K, delta):
+    """(D, c, logZ) of every cluster for labels ``z``: D_k = I/delta^2 + sum G_e/sigma^2 (exact sums)."""
+    D, c, _ = cluster_sums(Gs, gs, z, K)
+    D = D + prior_precision(Gs.shape[-1], delta)
+    return D, c, log_normaliser(D, c)
+
+
+def pair_log_predictive(D, c, logZ, Gs_e, gs_e, const_e):
+    """log p(y_e | z_e = k, statistics of the other pairs) for every k (notes §3.1, normaliser ratio):
+
+        logZ(D_k + G_e/s^2, c_k + g_e/s^2) - logZ(D_k, c_k) - n_e/2 log(2 pi s^2) - q_e/(2 s^2),
+
+    where (D_k, c_k) must NOT contain pair e. Equals the product of the corrected sequential predictives
+    N(y_n | b_{n-1}^T A_{n-1}^-1 x_n, s^2 + x_n^T A_{n-1}^-1 x_n) (paper eq. 3-4 with erratum E1: the
+    paper prints the variance as s^2 + x^T A^-1 x / s^2). Cost O(K F^3), independent of n_e."""
+    return log_normaliser(D + Gs_e, c + gs_e) - logZ + const_e
+
+
+def prior_logits(n_agent_k, n_cluster, log_psi, alpha, beta, prior: str):
+    """Log label prior of one pair (up to a constant), counts EXCLUDING the pair.
+
+    ``prior="exact"`` (notes P1, semi-collapsed with psi explicit): log(N_i^(k) + beta psi_k).
+    ``prior="paper"`` (paper eq. 2, ALDA's approximation, erratum E2):
+    log(N_i^(k) + beta (N^(k) + alpha/K) / (sum_k N^(k) + alpha))."""
+    K = n_cluster.shape[-1]
+    if prior == "exact":
+        return jnp.logaddexp(jnp.log(n_agent_k), jnp.log(beta) + log_psi)
+    return jnp.log(n_agent_k + beta * (n_cluster + alpha / K) / (n_cluster.sum(-1, keepdims=True) + alpha))
+
+
+def paper_eq2(n_agent_k, n_cluster, alpha, beta):
+    """Paper eq. (2) as normalised probabilities (denominator sum_k N_i^(k) + beta)."""
+    K = n_cluster.shape[-1]
+    num = n_agent_k + beta * (n_cluster + alpha / K) / (n_cluster.sum(-1, keepdims=True) + alpha)
+    return num / (n_agent_k.sum(-1, keepdims=True) + beta)
+
+
+def sample_log_dirichlet(key, conc):
+    """log of a Dirichlet(conc) draw along the last axis, in log space (no underflow to log 0 for tiny
+    concentrations), floored at log(tiny) so log densities stay finite."""
+    lg = jax.random.loggamma(key, conc)
+    return jnp.maximum(lg - jax.nn.logsumexp(lg, axis=-1, keepdims=True), TINY_LOG)
+
+
+def antoniak_table_totals(key, z, agent, log_psi, beta, K, n_agents):
+    """Sum over agents of auxiliary table counts m_ik (notes P1), one Bernoulli per pair:
+
+    within each (agent, label) group the pairs are taken in index order; the l-th (l = 0, 1, ...) opens a
+    new table with probability beta psi_k / (beta psi_k + l). Returns m_k = sum_i m_ik (K,). Memory O(E)."""
+    E = z.shape[0]
+    group = agent * K + z
+    order = jnp.argsort(group, stable=True)
+    g_sorted = group[order]
+    starts = jnp.searchsorted(g_sorted, g_sorted, side="left")
+    rank = jnp.zeros(E, dtype=jnp.int32).at[order].set((jnp.arange(E) - starts).astype(jnp.int32))
+    bp = beta * jnp.exp(log_psi[z])
+    p_new = bp / (bp + rank)
+    new = jax.random.uniform(key, (E,)) < p_new
+    return jax.ops.segment_sum(new.astype(jnp.float64), z, num_segments=K)
+
+
+def log_prior_labels(n_agent, log_psi, beta):
+    """log p(z | psi) = sum_i [lgamma(beta) - lgamma(beta + N_i) + sum_k lgamma(beta psi_k + N_ik)
+    - lgamma(beta psi_k)] (theta integrated out)."""
+    from jax.scipy.special import gammaln
+
+    bp = beta * jnp.exp(log_psi)
+    Ni = n_agent.sum(-1)
+    return jnp.sum(gammaln(beta) - gammaln(beta + Ni)) + jnp.sum(gammaln(bp + n_agent) - gammaln(bp))
+
+
+def log_evidence(D, c, n_events, q_total, sigma, delta):
+    """log p(y | z) = sum_k [logZ(D_k, c_k) - logZ(I/delta^2, 0)] - M/2 log(2 pi sigma^2) - sum q/(2 sigma^2)."""
+    F = D.shape[-1]
+    return (jnp.sum(log_normaliser(D, c)) - D.shape[0] * F * jnp.log(delta)
+            - 0.5 * n_events * (LOG_2PI + 2 * jnp.log(sigma)) - 0.5 * q_total / sigma**2)
+
+
+# --------------------------------------------------------------------------------------------------
+# Label switching
+# --------------------------------------------------------------------------------------------------
+
+def match_labels(reference, labels, K):
+    """Permutation ``perm`` (K,) maximising agreement between hard labels: ``perm[labels]`` ~ reference
+    (Hungarian algorithm on the K x K contingency table)."""
+    table = np.zeros((K, K))
+    np.add.at(table, (np.asarray(labels), np.asarray(reference)), 1)
+    rows, cols = linear_sum_assignment(-table)
+    perm = np.arange(K)
+    perm[rows] = cols
+    return perm
+
+
+def relabel(draws: dict, reference_w, *, cluster_axis: dict | None = None) -> dict:
+    """Undo label switching draw by draw: permute clusters so that each draw's ``w`` (chain, draw, K, F)
+    is closest (squared distance, Hungarian algorithm) to ``reference_w`` (K, F).
+
+    ``draws``: arrays with leading (chain, draw) axes: ``w`` (K, F), optional ``psi`` (K,), ``theta``
+    (N, K) and labels ``z`` (E,). Returns the permuted copies and ``perm`` (chain, draw, K) with
+    new_label = perm[old_label]. Per-cluster quantities are meaningful only after this step;
+    label-invariant summaries (``zoo.hlcr.summaries``) never need it."""
+    w = np.asarray(draws["w"])
+    C, S, K, _ = w.shape
+    ref = np.asarray(reference_w)
+    perm = np.empty((C, S, K), dtype=np.int64)
+    for c in range(C):
+        for s in range(S):
+            cost = ((w[c, s][:, None, :] - ref[None, :, :]) ** 2).sum(-1)
+            rows, cols = linear_sum_assignment(cost)
+            perm[c, s, rows] = cols
+    inv = np.argsort(perm, axis=-1)   # inv[new] = old
+    out = dict(draws)
+    out["w"] = np.take_along_axis(w, inv[..., None], axis=2)
+    if "psi" in draws:
+        out["psi"] = np.take_along_axis(np.asarray(draws["psi"]), inv, axis=2)
+    if "theta" in draws:
+        th = np.asarray(draws["theta"])
+        out["theta"] = np.take_along_axis(th, inv[:, :, None, :], axis=3)
+    if "z" in draws:
+        z = np.asarray(draws["z"])
+        out["z"] = np.take_along_axis(perm, z, axis=2)
+    out["perm"] = perm
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Prediction (paper Theorem 2, §4.4; notes §3.5 and erratum E10)
+# --------------------------------------------------------------------------------------------------
+
+def cluster_posteriors(Gs, gs, z, K, delta):
+    """Per-cluster posterior mean m_k = H_k c_k and covariance H_k = D_k^-1 for labels z (Theorem 2)."""
+    D, c, _ = cluster_sums(Gs, gs, z, K)
+    D = D + prior_precision(Gs.shape[-1], delta)
+    H = jnp.linalg.inv(D)
+    return jnp.einsum("kij,kj->ki", H, c), H
+
+
+def predict(tree, X, agent, entity, *, prob: float = 0.9, max_draws: int = 200) -> dict:
+    """Posterior predictive of new events of an HLCR fit (a Gibbs or VB-EM tree with label draws ``z``).
+
+    For each kept draw s, the cluster statistics are rebuilt from the draw's labels and the training data
+    stored in the tree, and the paper's Theorem 2 gives the per-cluster predictive
+    N(m_k^T x, sigma^2 + x^T H_k x) (erratum E10: the paper conditions on one Gibbs state and leaves the
+    variance implicit). A known pair uses its label z_e^(s); a new pair of a known agent uses the prior
+    p(k) proportional to N_i^(k) + beta psi_k; a new agent uses psi (cold start). The predictive is the
+    equal-weight mixture over draws (and over k for new pairs).
+
+    Returns dict with ``mean``, ``sd``, ``lower``, ``upper`` (central ``prob`` interval; mixture quantiles
+    by bisection) and ``known_pair`` (bool per event)."""
+    import json
+
+    data = {k: np.asarray(tree["constant_data"][k].values) for k in ("X", "agent", "entity")}
+    data["y"] = np.asarray(tree["observed_data"]["y"].values)
+    hyper = resolve_hyper(json.loads(tree.attrs["hyperparameters"]))
+    inp = model_inputs(data, hyper)
+    pdat = pair_data(inp)
+    K = int(hyper["K"])
+    post = tree["posterior"]
+    z = np.asarray(post["z"].values).reshape(-1, post["z"].shape[-1])
+    psi = np.asarray(post["psi"].values).reshape(-1, K)
+    keep = np.unique(np.linspace(0, len(z) - 1, min(max_draws, len(z))).round().astype(int))
+    z, psi = z[keep], psi[keep]
+    ps = pair_structure(data["agent"], data["entity"])
+    lookup = {(int(a), int(e)): p for p, (a, e) in enumerate(ps["pair_ids"])}
+    agent_lookup = {int(a): i for i, a in enumerate(ps["agent_ids"])}
+    X = np.asarray(X, float)
+    pair_new = np.array([lookup.get((int(a), int(e)), -1) for a, e in zip(agent, entity, strict=True)])
+    agent_new = np.array([agent_lookup.get(int(a), -1) for a in agent])
+
+    def per_draw(zs, ps_):
+        m, H = cluster_posteriors(pdat.Gs, pdat.gs, zs, K, hyper["delta"])
+        mu = X @ m.T                                               # (n, K)
+        var = hyper["sigma"] ** 2 + jnp.einsum("nf,kfg,ng->nk", X, H, X)
+        n_agent = jax.ops.segment_sum(jax.nn.one_hot(zs, K), pdat.agent, num_segments=ps["n_agents"])
+        prior = n_agent[jnp.maximum(agent_new, 0)] + hyper["beta"] * ps_
+        prior = jnp.where(agent_new[:, None] >= 0, prior, ps_)
+        prior = prior / prior.sum(-1, keepdims=True)
+        known = jax.nn.one_hot(zs[jnp.maximum(pair_new, 0)], K)
+        weight = jnp.where(pair_new[:, None] >= 0, known, prior)
+        return mu, var, weight
+
+    mu, var, weight = jax.jit(jax.vmap(per_draw))(jnp.asarray(z), jnp.asarray(psi))
+    mu, var, weight = map(np.asarray, (mu, var, weight))   # (S, n, K)
+    weight = weight / weight.sum((0, 2), keepdims=True)
+    mean = np.sum(weight * mu, (0, 2))
+    sd = np.sqrt(np.sum(weight * (var + mu**2), (0, 2)) - mean**2)
+    lower = _mixture_quantile(weight, mu, np.sqrt(var), (1 - prob) / 2, mean, sd)
+    upper = _mixture_quantile(weight, mu, np.sqrt(var), (1 + prob) / 2, mean, sd)
+    return {"mean": mean, "sd": sd, "lower": lower, "upper": upper, "known_pair": pair_new >= 0}
+
+
+def _mixture_quantile(weight, mu, sd, p, mean, total_sd, iters=80):
+    from scipy.special import ndtr
+
+    lo, hi = mean - 12 * total_sd, mean + 12 * total_sd
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        cdf = np.sum(weight * ndtr((mid[None, :, None] - mu) / sd), (0, 2))
+        lo, hi = np.where(cdf < p, mid, lo), np.where(cdf < p, hi, mid)
+    return 0.5 * (lo + hi)

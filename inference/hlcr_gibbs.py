@@ -1,0 +1,319 @@
+"""Collapsed Gibbs sampling for HLCR (paper §4.2, Algorithms 1-2, corrected per notes §3).
+
+State (``GibbsState``): labels z (E,), per-cluster exact sums D_k = I/delta^2 + sum_{z_e=k} G_e/sigma^2
+(K, F, F), c_k = sum g_e/sigma^2 (K, F), their cached log normalisers logZ_k = 1/2 c^T D^-1 c - 1/2 log|D|,
+agent counts N_i^(k) (N, K), cluster counts N^(k) (K,), and log psi (K,). w and theta are integrated
+out; psi is explicit (auxiliary-variable sampler of notes P1).
+
+One sweep (``step``):
+
+1. refresh D, c, logZ from z (exact sums, so rank-one drift never accumulates; erratum E11);
+2. for each pair e in turn (``lax.scan``), with counts and statistics EXCLUDING e (erratum E5: the paper's
+   Algorithm 2 never updates the counts):
+
+       log p(z_e = k | ...) = log prior_k + logZ(D_k + G_e/s^2, c_k + g_e/s^2) - logZ(D_k, c_k) + const_e
+
+   (notes §3.1; the normaliser ratio equals the corrected Theorem 1 product of per-event predictives
+   N(y_n | b^T A^-1 x_n, s^2 + x_n^T A^-1 x_n); erratum E1: the paper's eq. (4) prints the variance
+   s^2 + x^T A^-1 x / s^2). Only K log normalisers (one unrolled Cholesky each) per pair: the candidate
+   clusters k != z_e get D_k + G_e, the current cluster gets D_k - G_e (its "with e" value is cached),
+   so a sweep costs O(E K F^3) independent of the number of events. Sampling is Gumbel-max on the log
+   probabilities (erratum E4: the paper multiplies raw densities and underflows).
+   Prior (``prior=``): ``"exact"``: log(N_i^(k) + beta psi_k) (notes P1, exact for the stated model);
+   ``"paper"``: eq. (2), log(N_i^(k) + beta (N^(k) + alpha/K)/(N + alpha)), ALDA's approximation
+   (erratum E2: biased, e.g. 0.035 co-clustering error on the notes' B2 toy).
+3. psi update (both priors; with ``"paper"`` psi is only reported): Antoniak table counts
+   m_ik ~ sum_l Bernoulli(beta psi_k / (beta psi_k + l)), then psi ~ Dir(alpha/K + sum_i m_ik), in log space.
+
+``kernel="paper"`` replaces step 2's block update by the paper's per-event rank-one Algorithm 1/2 on
+H_k = D_k^-1: remove the pair's events from its cluster by eq. (9), evaluate the sequential predictive for
+every k with eq. (8) updates (predictive BEFORE the update, erratum E3), then add the events to the
+chosen cluster by eq. (8); O(K N_ij F^2) per pair. Same conditionals, so with the same keys it follows
+the same label path (a test oracle) and serves as the speed baseline.
+
+Each saved draw adds w_k ~ N(D_k^-1 c_k, D_k^-1) and theta_i ~ Dir(beta psi + N_i) from their
+conditionals, so (z, w, psi, theta) is a joint posterior draw of the model's latent sites.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from inference._methods import Draws, FitContext, register_method
+from inference.hlcr_common import (
+    PairData,
+    antoniak_table_totals,
+    cluster_state,
+    log_normaliser,
+    log_prior_labels,
+    pair_data,
+    prior_logits,
+    sample_log_dirichlet,
+)
+from inference.progress import scan_with_progress
+from zoo.hlcr import pair_structure
+
+PRIORS = ("exact", "paper")
+KERNELS = ("block", "paper")
+
+
+class GibbsState(NamedTuple):
+    z: jax.Array          # (E,) labels
+    D: jax.Array          # (K, F, F) I/delta^2 + sum G_e / sigma^2
+    c: jax.Array          # (K, F) sum g_e / sigma^2
+    logZ: jax.Array       # (K,) log normaliser of (D_k, c_k)
+    n_agent: jax.Array    # (N, K) N_i^(k)
+    n_cluster: jax.Array  # (K,) N^(k)
+    log_psi: jax.Array    # (K,)
+
+
+class GibbsInfo(NamedTuple):
+    log_joint: jax.Array  # log p(y, z | psi) + log p(psi): collapsed log joint after the sweep
+    n_changed: jax.Array  # number of pairs whose label changed in the sweep
+
+
+class Hyper(NamedTuple):
+    K: int
+    alpha: float
+    beta: float
+    delta: float
+    sigma: float
+    n_agents: int
+
+
+class Events(NamedTuple):
+    """Events sorted by pair (only for ``kernel="paper"``): X (M, F), y (M,), start/count per pair (E,)."""
+
+    X: jax.Array
+    y: jax.Array
+    start: jax.Array
+    count: jax.Array
+
+
+def init(z, pdat: PairData, hyper: Hyper) -> GibbsState:
+    """State for labels ``z`` (psi starts uniform)."""
+    K = hyper.K
+    D, c, logZ = cluster_state(pdat.Gs, pdat.gs, z, K, hyper.delta)
+    onehot = jax.nn.one_hot(z, K)
+    n_agent = jax.ops.segment_sum(onehot, pdat.agent, num_segments=hyper.n_agents)
+    return GibbsState(z, D, c, logZ, n_agent, onehot.sum(0), jnp.full(K, -jnp.log(K)))
+
+
+def _block_pair_update(state: GibbsState, xs, hyper: Hyper, prior: str):
+    """One pair's collapsed update from sufficient statistics (K log normalisers)."""
+    Gs_e, gs_e, const_e, a, gumbel, e = xs
+    K = hyper.K
+    k0 = state.z[e]
+    is0 = jnp.arange(K) == k0
+    sign = jnp.where(is0, -1.0, 1.0)
+    lz = log_normaliser(state.D + sign[:, None, None] * Gs_e, state.c + sign[:, None] * gs_e)
+    logZ_with = jnp.where(is0, state.logZ, lz)     # cluster stats including pair e
+    logZ_without = jnp.where(is0, lz, state.logZ)  # ... excluding pair e
+    n_agent_k = state.n_agent[a] - is0
+    n_cluster = state.n_cluster - is0
+    logits = prior_logits(n_agent_k, n_cluster, state.log_psi, hyper.alpha, hyper.beta, prior) \
+        + logZ_with - logZ_without + const_e
+    k1 = jnp.argmax(logits + gumbel).astype(state.z.dtype)
+    move = (jnp.arange(K) == k1).astype(state.D.dtype) - is0
+    new = state._replace(
+        z=state.z.at[e].set(k1),
+        D=state.D + move[:, None, None] * Gs_e,
+        c=state.c + move[:, None] * gs_e,
+        logZ=jnp.where(jnp.arange(K) == k1, logZ_with, logZ_without),
+        n_agent=state.n_agent.at[a].add(move),
+        n_cluster=state.n_cluster + move,
+    )
+    return new, k1 != k0
+
+
+def _paper_pair_update(carry, xs, hyper: Hyper, prior: str, ev: Events):
+    """One pair's update as in the paper's Algorithms 1-2: per-event rank-one (Sherman-Morrison) updates
+    of H_k = D_k^-1, corrected (variance s^2 + x^T H x, predictive before the update, log space)."""
+    state, H = carry
+    _, gs_e, _, a, gumbel, e = xs
+    K, s2 = hyper.K, hyper.sigma**2
+    k0 = state.z[e]
+    lo, hi = ev.start[e], ev.start[e] + ev.count[e]
+
+    def remove(n, hc):                                      # eq. (9)
+        Hk, ck = hc
+        x, y = ev.X[n], ev.y[n]
+        u = Hk @ x
+        return Hk + jnp.outer(u, u) / (s2 - x @ u), ck - x * y / s2
+
+    Hk0, ck0 = jax.lax.fori_loop(lo, hi, remove, (H[k0], state.c[k0]))
+    H_rm, c_rm = H.at[k0].set(Hk0), state.c.at[k0].set(ck0)
+
+    def predictive(n, acc):                                 # Algorithm 1 inner loop, all k at once
+        Hc, b, ll = acc
+        x, y = ev.X[n], ev.y[n]
+        u = Hc @ x                                          # (K, F)
+        v = u @ x
+        mean, var = jnp.sum(b * u, -1), s2 + v
+        ll = ll - 0.5 * (jnp.log(2 * jnp.pi * var) + (y - mean) ** 2 / var)
+        return Hc - u[:, :, None] * u[:, None, :] / var[:, None, None], b + x * y / s2, ll
+
+    _, _, loglik = jax.lax.fori_loop(lo, hi, predictive, (H_rm, c_rm, jnp.zeros(K)))
+    is0 = jnp.arange(K) == k0
+    logits = prior_logits(state.n_agent[a] - is0, state.n_cluster - is0, state.log_psi, hyper.alpha,
+                          hyper.beta, prior) + loglik
+    k1 = jnp.argmax(logits + gumbel).astype(state.z.dtype)
+
+    def add(n, hc):                                         # eq. (8)
+        Hk, ck = hc
+        x, y = ev.X[n], ev.y[n]
+        u = Hk @ x
+        return Hk - jnp.outer(u, u) / (s2 + x @ u), ck + x * y / s2
+
+    Hk1, ck1 = jax.lax.fori_loop(lo, hi, add, (H_rm[k1], c_rm[k1]))
+    move = (jnp.arange(K) == k1).astype(H.dtype) - is0
+    state = state._replace(
+        z=state.z.at[e].set(k1), c=c_rm.at[k1].set(ck1), n_agent=state.n_agent.at[a].add(move),
+        n_cluster=state.n_cluster + move)
+    return (state, H_rm.at[k1].set(Hk1)), k1 != k0
+
+
+def step(key, state: GibbsState, pdat: PairData, hyper: Hyper, prior: str = "exact", kernel: str = "block",
+         events: Events | None = None):
+    """One systematic-scan sweep over all pairs, then the psi update. Returns ``(state, GibbsInfo)``."""
+    k_gumbel, k_tables, k_psi = jax.random.split(key, 3)
+    E = state.z.shape[0]
+    D, c, logZ = cluster_state(pdat.Gs, pdat.gs, state.z, hyper.K, hyper.delta)
+    state = state._replace(D=D, c=c, logZ=logZ)
+    gumbel = jax.random.gumbel(k_gumbel, (E, hyper.K))
+    xs = (pdat.Gs, pdat.gs, pdat.const, pdat.agent, gumbel, jnp.arange(E))
+    if kernel == "block":
+        state, changed = jax.lax.scan(lambda s, x: _block_pair_update(s, x, hyper, prior), state, xs)
+    else:
+        (state, _), changed = jax.lax.scan(lambda s, x: _paper_pair_update(s, x, hyper, prior, events),
+                                           (state, jnp.linalg.inv(D)), xs)
+    m = antoniak_table_totals(k_tables, state.z, pdat.agent, state.log_psi, hyper.beta, hyper.K, hyper.n_agents)
+    log_psi = sample_log_dirichlet(k_psi, hyper.alpha / hyper.K + m)
+    state = state._replace(log_psi=log_psi)
+    return state, GibbsInfo(log_joint(state, pdat, hyper), jnp.sum(changed))
+
+
+def log_joint(state: GibbsState, pdat: PairData, hyper: Hyper):
+    """Collapsed log joint log p(y | z) + log p(z | psi) + log Dir(psi | alpha/K) (notes §3.4, [ours])."""
+    from jax.scipy.special import gammaln
+
+    K = hyper.K
+    D, c, _ = cluster_state(pdat.Gs, pdat.gs, state.z, K, hyper.delta)
+    F = D.shape[-1]
+    # the data part: log p(y | z) without the per-pair constants, which are added back through const
+    ev = jnp.sum(log_normaliser(D, c)) - K * F * jnp.log(hyper.delta) + jnp.sum(pdat.const)
+    a = hyper.alpha / K
+    lp_psi = gammaln(hyper.alpha) - K * gammaln(a) + (a - 1) * jnp.sum(state.log_psi)
+    return ev + log_prior_labels(state.n_agent, state.log_psi, hyper.beta) + lp_psi
+
+
+def draw_parameters(key, state: GibbsState, hyper: Hyper):
+    """w_k ~ N(D_k^-1 c_k, D_k^-1) and theta_i ~ Dir(beta psi + N_i) given the labels (and psi)."""
+    k_w, k_theta = jax.random.split(key)
+    L = jnp.linalg.cholesky(state.D)
+    mean = jax.scipy.linalg.cho_solve((L, True), state.c[..., None])[..., 0]
+    eps = jax.random.normal(k_w, state.c.shape)
+    w = mean + jax.scipy.linalg.solve_triangular(jnp.swapaxes(L, -1, -2), eps[..., None], lower=False)[..., 0]
+    log_theta = sample_log_dirichlet(k_theta, hyper.beta * jnp.exp(state.log_psi) + state.n_agent)
+    return w, jnp.exp(log_theta)
+
+
+def events_by_pair(X, y, pair, n_pairs) -> Events:
+    order = np.argsort(pair, kind="stable")
+    count = np.bincount(pair, minlength=n_pairs)
+    start = np.concatenate([[0], np.cumsum(count)[:-1]])
+    return Events(jnp.asarray(X[order]), jnp.asarray(y[order]), jnp.asarray(start, dtype=jnp.int32),
+                  jnp.asarray(count, dtype=jnp.int32))
+
+
+def run(key, pdat: PairData, hyper: Hyper, *, num_warmup: int, num_samples: int, num_chains: int = 1,
+        thinning: int = 1, prior: str = "exact", kernel: str = "block", events: Events | None = None,
+        z_init=None, progress=None, chunk: int = 50):
+    """Run ``num_chains`` chains (vectorised) for ``num_warmup`` + ``num_samples * thinning`` sweeps.
+
+    Returns (posterior dict with leading (chain, draw) axes: z, w, psi, theta; stats dict)."""
+    E = pdat.gs.shape[0]
+    k_init, k_warm, k_samp = jax.random.split(key, 3)
+    if z_init is None:
+        z0 = jax.random.randint(k_init, (num_chains, E), 0, hyper.K)   # z ~ U{1..K} (Algorithm 2 init)
+    else:
+        z0 = jnp.broadcast_to(jnp.asarray(z_init, dtype=jnp.int32), (num_chains, E))
+    state = jax.vmap(lambda z: init(z.astype(jnp.int32), pdat, hyper))(z0)
+    sweep = jax.vmap(lambda k, s: step(k, s, pdat, hyper, prior, kernel, events))
+
+    if num_warmup > 0:
+        keys = jax.random.split(k_warm, (num_warmup, num_chains))
+        state, _ = scan_with_progress(lambda s, k: (sweep(k, s)[0], None), state, keys, length=num_warmup,
+                                      chunk=chunk, progress=progress, desc="hlcr gibbs warm-up")
+
+    def saved(s, k):
+        ks = jax.random.split(k, (thinning + 1, num_chains))
+        info = None
+        for t in range(thinning):
+            s, info = sweep(ks[t], s)
+        w, theta = jax.vmap(lambda kk, st: draw_parameters(kk, st, hyper))(ks[-1], s)
+        return s, {"z": s.z, "w": w, "psi": jnp.exp(s.log_psi), "theta": theta,
+                   "log_joint_collapsed": info.log_joint, "n_changed": info.n_changed}
+
+    keys = jax.random.split(k_samp, num_samples)
+    state, out = scan_with_progress(saved, state, keys, length=num_samples, chunk=chunk, progress=progress,
+                                    desc="hlcr gibbs")
+    out = {k: jnp.swapaxes(v, 0, 1) for k, v in out.items()}   # (draw, chain, ...) -> (chain, draw, ...)
+    posterior = {k: out[k] for k in ("z", "w", "psi", "theta")}
+    stats = {k: out[k] for k in ("log_joint_collapsed", "n_changed")}
+    return posterior, stats, state
+
+
+def _check(options: dict) -> None:
+    if options["prior"] not in PRIORS:
+        raise ValueError(f"prior: expected one of {list(PRIORS)}, got {options['prior']!r}")
+    if options["kernel"] not in KERNELS:
+        raise ValueError(f"kernel: expected one of {list(KERNELS)}, got {options['kernel']!r}")
+
+
+def make_hyper(ctx_hyper: dict, n_agents: int) -> Hyper:
+    from zoo.hlcr import resolve_hyper
+
+    h = resolve_hyper(ctx_hyper)
+    return Hyper(int(h["K"]), float(h["alpha"]), float(h["beta"]), float(h["delta"]), float(h["sigma"]),
+                 int(n_agents))
+
+
+@register_method("gibbs", kind="sampler", models=("hlcr",), check=_check, options={
+    "num_warmup": 200, "num_samples": 1000, "num_chains": 2, "thinning": 1, "prior": "exact", "kernel": "block",
+    "z_init": None,
+})
+def run_gibbs(ctx: FitContext) -> Draws:
+    """Collapsed Gibbs for HLCR (w, theta integrated out; exact hierarchical prior by default).
+
+    Options: ``prior="exact"|"paper"`` (label prior: exact auxiliary-variable psi sampler, or the
+    paper's approximate eq. 2), ``kernel="block"|"paper"`` (per-pair block update from sufficient
+    statistics, or the paper's per-event rank-one Algorithm 1/2), ``z_init`` (initial labels per pair,
+    default uniform random). Draws: z, w, psi, theta; sample_stats: collapsed log joint."""
+    o = ctx.options
+    inputs = ctx.model_kwargs
+    pdat = pair_data(inputs)
+    hyper = make_hyper(ctx.hyper, inputs["n_agents"])
+    z_init = o["z_init"]
+    if z_init is not None:
+        z_init = np.asarray(z_init)
+        if z_init.shape != (pdat.gs.shape[0],) or z_init.min() < 0 or z_init.max() >= hyper.K:
+            raise ValueError(f"z_init: expected {pdat.gs.shape[0]} labels in 0..{hyper.K - 1} (one per pair)")
+    events = None
+    if o["kernel"] == "paper":
+        ps = pair_structure(ctx.data["agent"], ctx.data["entity"])
+        events = events_by_pair(ctx.data["X"], ctx.data["y"], ps["pair"], ps["n_pairs"])
+    posterior, stats, _ = run(ctx.key, pdat, hyper, num_warmup=o["num_warmup"], num_samples=o["num_samples"],
+                              num_chains=o["num_chains"], thinning=o["thinning"], prior=o["prior"],
+                              kernel=o["kernel"], events=events, z_init=z_init, progress=o["progress"])
+    return Draws(posterior={k: np.asarray(v) for k, v in posterior.items()},
+                 sample_stats={k: np.asarray(v) for k, v in stats.items()},
+                 attrs={"prior": o["prior"], "kernel": o["kernel"]})
+
+
+__all__ = ["Events", "GibbsInfo", "GibbsState", "Hyper", "draw_parameters", "events_by_pair", "init",
+           "log_joint", "run", "step"]
