@@ -1,0 +1,175 @@
+"""Toy models with exact posteriors for the diagnostics tests (registered only in tests, never in zoo/).
+
+* ``dq_normal``: mu ~ N(mu0, tau0^2), y_i ~ N(mu, sigma^2) (conjugate normal-normal).
+* ``dq_linreg``: beta ~ N(0, s0^2 I_2), y ~ N(X beta, sigma^2 I) with strongly correlated columns of X,
+  so the exact posterior is a bivariate normal with correlation about -0.95.
+
+Hand-made "methods" with known defects, each registered through the public route:
+
+* ``exact``: iid draws from the closed-form posterior (a perfect sampler);
+* ``noprior``: iid draws from the likelihood alone, N(ybar, sigma^2/n) -- a sampler that drops the prior;
+* ``exact_q``: the closed-form posterior as a variational method (stores log q);
+* ``meanfield``: the mean-field KL(q||p) optimum for a Gaussian: exact means, variances 1/Lambda_ii
+  (too narrow when the posterior is correlated; sd ratio sqrt(1 - rho^2));
+* ``shifted``: the exact posterior moved by ``shift`` posterior sd (a biased approximation);
+* ``narrow``: the exact posterior with its sd times ``factor``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+
+import zoo
+from inference import Draws, register_method
+
+# ----------------------------------------------------------------------------- conjugate normal
+
+
+def normal_model(y, mu0=0.0, tau0=1.0, sigma=2.0):
+    """mu ~ N(mu0, tau0^2); y_i ~ N(mu, sigma^2), i = 1..n."""
+    mu = numpyro.sample("mu", dist.Normal(mu0, tau0))
+    with numpyro.plate("obs", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu, sigma), obs=y)
+
+
+def normal_simulate(seed, n=4, mu0=0.0, tau0=1.0, sigma=2.0):
+    """Draws mu from the prior with the default hyperparameters, then y."""
+    rng = np.random.default_rng(seed)
+    mu = rng.normal(mu0, tau0)
+    return {"y": rng.normal(mu, sigma, n)}, {"mu": mu}
+
+
+def normal_posterior(y, mu0, tau0, sigma):
+    prec = 1 / tau0**2 + len(y) / sigma**2
+    return (mu0 / tau0**2 + np.sum(y) / sigma**2) / prec, prec**-0.5
+
+
+NORMAL = zoo.ModelSpec(
+    name="dq_normal", model=normal_model, simulate=normal_simulate, paper="(diagnostics test toy)",
+    data_fields=(zoo.DataField("y", ("n",)),),
+    hyperparameters={"mu0": zoo.Hyper(0.0, "any"), "tau0": zoo.Hyper(1.0), "sigma": zoo.Hyper(2.0)},
+    methods=("nuts", "svi", "exact", "noprior", "shifted", "narrow", "exact_q"),
+    demo_sizes={"n": 4},
+    demo_options={"nuts": {"num_warmup": 300, "num_samples": 500}, "svi": {"num_steps": 1500}},
+)
+
+# ----------------------------------------------------------------------------- correlated regression
+
+RHO_X = 0.95
+
+
+def linreg_model(X, y, s0=3.0, sigma=1.0):
+    """beta ~ N(0, s0^2 I_2); y ~ N(X beta, sigma^2 I)."""
+    beta = numpyro.sample("beta", dist.Normal(0.0, s0).expand([2]).to_event(1))
+    with numpyro.plate("obs", y.shape[0]):
+        numpyro.sample("y", dist.Normal(X @ beta, sigma), obs=y)
+
+
+def linreg_simulate(seed, n=40, s0=3.0, sigma=1.0):
+    rng = np.random.default_rng(seed)
+    cov = np.array([[1.0, RHO_X], [RHO_X, 1.0]])
+    X = rng.multivariate_normal(np.zeros(2), cov, size=n)
+    beta = rng.normal(0.0, s0, 2)
+    return {"X": X, "y": X @ beta + sigma * rng.normal(size=n)}, {"beta": beta}
+
+
+def linreg_posterior(X, y, s0, sigma):
+    """(mean, covariance) of the Gaussian posterior of beta."""
+    prec = X.T @ X / sigma**2 + np.eye(2) / s0**2
+    cov = np.linalg.inv(prec)
+    return cov @ X.T @ y / sigma**2, cov
+
+
+LINREG = zoo.ModelSpec(
+    name="dq_linreg", model=linreg_model, simulate=linreg_simulate, paper="(diagnostics test toy)",
+    data_fields=(zoo.DataField("X", ("n", 2)), zoo.DataField("y", ("n",))),
+    hyperparameters={"s0": zoo.Hyper(3.0), "sigma": zoo.Hyper(1.0)},
+    methods=("nuts", "svi", "exact", "exact_q", "meanfield", "shifted", "narrow"),
+    demo_sizes={"n": 40},
+    demo_options={"nuts": {"num_warmup": 300, "num_samples": 500}, "svi": {"num_steps": 1500},
+                  "exact": {"num_samples": 2000, "num_chains": 2}},
+)
+
+# ----------------------------------------------------------------------------- the hand-made methods
+
+
+def _gaussian(ctx):
+    """(site name, mean vector, covariance, event shape) of the exact posterior of either toy."""
+    if ctx.spec.name == "dq_normal":
+        m, s = normal_posterior(ctx.data["y"], **ctx.hyper)
+        return "mu", np.array([m]), np.array([[s**2]]), ()
+    m, c = linreg_posterior(ctx.data["X"], ctx.data["y"], **ctx.hyper)
+    return "beta", m, c, (2,)
+
+
+def _draw(ctx, mean, cov, event, num_chains, num_samples, log_q=False):
+    d = len(mean)
+    z = jax.random.normal(ctx.key, (num_chains, num_samples, d))
+    chol = np.linalg.cholesky(cov)
+    x = jnp.asarray(mean) + z @ jnp.asarray(chol).T
+    stats = {}
+    if log_q:
+        stats["log_q"] = dist.MultivariateNormal(jnp.asarray(mean), jnp.asarray(cov)).log_prob(x)
+    return x.reshape((num_chains, num_samples) + (event or ())), stats
+
+
+_OPTS = {"num_samples": 2000, "num_chains": 2}
+_TOYS = ("dq_normal", "dq_linreg")
+
+
+@register_method("exact", kind="sampler", models=_TOYS, options=_OPTS)
+def exact(ctx):
+    """iid draws from the closed-form posterior."""
+    name, m, c, event = _gaussian(ctx)
+    x, _ = _draw(ctx, m, c, event, ctx.options["num_chains"], ctx.options["num_samples"])
+    return Draws(posterior={name: x})
+
+
+@register_method("noprior", kind="sampler", models=("dq_normal",), options=_OPTS)
+def noprior(ctx):
+    """A biased sampler: draws from N(ybar, sigma^2/n), i.e. the posterior with the prior dropped."""
+    y, sigma = ctx.data["y"], ctx.hyper["sigma"]
+    x, _ = _draw(ctx, np.array([y.mean()]), np.array([[sigma**2 / len(y)]]), (),
+                 ctx.options["num_chains"], ctx.options["num_samples"])
+    return Draws(posterior={"mu": x})
+
+
+_VI_OPTS = {"num_samples": 2000, "shift": 0.5, "factor": 0.5}
+
+
+@register_method("exact_q", kind="variational", models=_TOYS, options=_VI_OPTS)
+def exact_q(ctx):
+    """The exact posterior, presented as a variational approximation (with log q)."""
+    name, m, c, event = _gaussian(ctx)
+    x, stats = _draw(ctx, m, c, event, 1, ctx.options["num_samples"], log_q=True)
+    return Draws(posterior={name: x}, sample_stats=stats, traces={"elbo": -np.geomspace(100, 1, 50)})
+
+
+@register_method("meanfield", kind="variational", models=("dq_linreg",), options=_VI_OPTS)
+def meanfield(ctx):
+    """The mean-field optimum of KL(q || p) for a Gaussian p: exact means, variances 1 / Lambda_ii."""
+    name, m, c, event = _gaussian(ctx)
+    var = 1 / np.diag(np.linalg.inv(c))
+    x, stats = _draw(ctx, m, np.diag(var), event, 1, ctx.options["num_samples"], log_q=True)
+    return Draws(posterior={name: x}, sample_stats=stats, traces={"elbo": -np.geomspace(80, 2, 40)})
+
+
+@register_method("shifted", kind="variational", models=_TOYS, options=_VI_OPTS)
+def shifted(ctx):
+    """The exact posterior moved by ``shift`` posterior sd in every coordinate."""
+    name, m, c, event = _gaussian(ctx)
+    m = m + ctx.options["shift"] * np.sqrt(np.diag(c))
+    x, stats = _draw(ctx, m, c, event, 1, ctx.options["num_samples"], log_q=True)
+    return Draws(posterior={name: x}, sample_stats=stats)
+
+
+@register_method("narrow", kind="variational", models=_TOYS, options=_VI_OPTS)
+def narrow(ctx):
+    """The exact posterior with every sd multiplied by ``factor``."""
+    name, m, c, event = _gaussian(ctx)
+    x, stats = _draw(ctx, m, c * ctx.options["factor"] ** 2, event, 1, ctx.options["num_samples"], log_q=True)
+    return Draws(posterior={name: x}, sample_stats=stats)
