@@ -1,13 +1,19 @@
 """Toy models with exact posteriors for the diagnostics tests (registered only in tests, never in zoo/).
 
 * ``dq_normal``: mu ~ N(mu0, tau0^2), y_i ~ N(mu, sigma^2) (conjugate normal-normal).
+* ``dq_beta``: theta ~ Beta(a, b), y_i ~ Bernoulli(theta) (conjugate beta-binomial), with a strong
+  prior by default (a = b = 20), so that dropping it matters;
 * ``dq_linreg``: beta ~ N(0, s0^2 I_2), y ~ N(X beta, sigma^2 I) with strongly correlated columns of X,
   so the exact posterior is a bivariate normal with correlation about -0.95.
 
 Hand-made "methods" with known defects, each registered through the public route:
 
 * ``exact``: iid draws from the closed-form posterior (a perfect sampler);
-* ``noprior``: iid draws from the likelihood alone, N(ybar, sigma^2/n) -- a sampler that drops the prior;
+* ``noprior``: iid draws from the likelihood alone, N(ybar, sigma^2/n) -- a sampler that drops the prior
+  (invisible to SBC in this location model: N(ybar, sigma^2/n) is a calibrated pivot for mu);
+  (``dq_beta``: draws from Beta(1 + k, 1 + n - k), the flat-prior posterior -- far too wide under the
+  strong Beta(20, 20) prior, and SBC sees it);
+* ``doubleprior``: iid draws from the posterior with the prior counted twice (too narrow, over-shrunk);
 * ``exact_q``: the closed-form posterior as a variational method (stores log q);
 * ``meanfield``: the mean-field KL(q||p) optimum for a Gaussian: exact means, variances 1/Lambda_ii
   (too narrow when the posterior is correlated; sd ratio sqrt(1 - rho^2));
@@ -52,9 +58,33 @@ NORMAL = zoo.ModelSpec(
     name="dq_normal", model=normal_model, simulate=normal_simulate, paper="(diagnostics test toy)",
     data_fields=(zoo.DataField("y", ("n",)),),
     hyperparameters={"mu0": zoo.Hyper(0.0, "any"), "tau0": zoo.Hyper(1.0), "sigma": zoo.Hyper(2.0)},
-    methods=("nuts", "svi", "exact", "noprior", "shifted", "narrow", "exact_q"),
+    methods=("nuts", "svi", "exact", "noprior", "doubleprior", "shifted", "narrow", "exact_q"),
     demo_sizes={"n": 4},
     demo_options={"nuts": {"num_warmup": 300, "num_samples": 500}, "svi": {"num_steps": 1500}},
+)
+
+# ----------------------------------------------------------------------------- conjugate beta-binomial
+
+
+def beta_model(y, a=20.0, b=20.0):
+    """theta ~ Beta(a, b); y_i ~ Bernoulli(theta), i = 1..n."""
+    theta = numpyro.sample("theta", dist.Beta(a, b))
+    with numpyro.plate("obs", y.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(theta), obs=y)
+
+
+def beta_simulate(seed, n=10, a=20.0, b=20.0):
+    rng = np.random.default_rng(seed)
+    theta = rng.beta(a, b)
+    return {"y": (rng.uniform(size=n) < theta).astype(np.int64)}, {"theta": theta}
+
+
+BETA = zoo.ModelSpec(
+    name="dq_beta", model=beta_model, simulate=beta_simulate, paper="(diagnostics test toy)",
+    data_fields=(zoo.DataField("y", ("n",), kind="binary"),),
+    hyperparameters={"a": zoo.Hyper(20.0), "b": zoo.Hyper(20.0)},
+    methods=("nuts", "exact", "noprior"),
+    demo_sizes={"n": 10},
 )
 
 # ----------------------------------------------------------------------------- correlated regression
@@ -121,20 +151,43 @@ _OPTS = {"num_samples": 2000, "num_chains": 2}
 _TOYS = ("dq_normal", "dq_linreg")
 
 
-@register_method("exact", kind="sampler", models=_TOYS, options=_OPTS)
+def _beta_draws(ctx, a, b):
+    shape = (ctx.options["num_chains"], ctx.options["num_samples"])
+    return Draws(posterior={"theta": jax.random.beta(ctx.key, a, b, shape)})
+
+
+@register_method("exact", kind="sampler", models=(*_TOYS, "dq_beta"), options=_OPTS)
 def exact(ctx):
     """iid draws from the closed-form posterior."""
+    if ctx.spec.name == "dq_beta":
+        k, n = ctx.data["y"].sum(), len(ctx.data["y"])
+        return _beta_draws(ctx, ctx.hyper["a"] + k, ctx.hyper["b"] + n - k)
     name, m, c, event = _gaussian(ctx)
     x, _ = _draw(ctx, m, c, event, ctx.options["num_chains"], ctx.options["num_samples"])
     return Draws(posterior={name: x})
 
 
-@register_method("noprior", kind="sampler", models=("dq_normal",), options=_OPTS)
+@register_method("noprior", kind="sampler", models=("dq_normal", "dq_beta"), options=_OPTS)
 def noprior(ctx):
-    """A biased sampler: draws from N(ybar, sigma^2/n), i.e. the posterior with the prior dropped."""
+    """A biased sampler: the posterior with the prior dropped (replaced by a flat one)."""
+    if ctx.spec.name == "dq_beta":
+        k, n = ctx.data["y"].sum(), len(ctx.data["y"])
+        return _beta_draws(ctx, 1.0 + k, 1.0 + n - k)
     y, sigma = ctx.data["y"], ctx.hyper["sigma"]
     x, _ = _draw(ctx, np.array([y.mean()]), np.array([[sigma**2 / len(y)]]), (),
                  ctx.options["num_chains"], ctx.options["num_samples"])
+    return Draws(posterior={"mu": x})
+
+
+@register_method("doubleprior", kind="sampler", models=("dq_normal",), options=_OPTS)
+def doubleprior(ctx):
+    """A biased sampler: the prior enters twice (precision 2/tau0^2 + n/sigma^2)."""
+    h = ctx.hyper
+    y = ctx.data["y"]
+    prec = 2 / h["tau0"] ** 2 + len(y) / h["sigma"] ** 2
+    mean = (2 * h["mu0"] / h["tau0"] ** 2 + y.sum() / h["sigma"] ** 2) / prec
+    x, _ = _draw(ctx, np.array([mean]), np.array([[1 / prec]]), (), ctx.options["num_chains"],
+                 ctx.options["num_samples"])
     return Draws(posterior={"mu": x})
 
 

@@ -1,0 +1,223 @@
+"""Plots of posterior quality, saved as PNG (matplotlib backend, no display needed).
+
+* ``plot_marginals``: every method's marginal density over the reference's (``arviz_plots.plot_dist``
+  with a dict of trees);
+* ``plot_forest``: central intervals of every method side by side (``arviz_plots.plot_forest``);
+* ``plot_traces``: ELBO / bound per iteration of the methods that record one;
+* ``plot_sbc``: the SBC / VSBC ECDF-difference plot (``arviz_plots.plot_ecdf_pit``);
+* ``plot_sensitivity``: power-scaled posteriors (``arviz_plots.plot_psense_dist``).
+
+Shape trap (notes/ecosystem.md 1.5): ArviZ concatenates a dict of trees along a ``model`` dim, and
+trees of different (chain, draw) sizes are NaN-padded (``plot_forest`` then renders empty). So every
+tree is first reduced to the same shape: the compared quantities (label-invariant summaries for
+mixtures), pooled over chains and subsampled without replacement to the smallest draw count, as one
+chain. Large models are shown on their first ``max_panels`` scalar quantities.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+MAX_PANELS = 12
+
+
+def _mpl():
+    import matplotlib
+
+    if matplotlib.get_backend().lower() not in ("agg",) and not os.environ.get("DISPLAY"):
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(pc_or_fig, path) -> Path | None:
+    if path is None:
+        return None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plt = _mpl()
+    fig = getattr(pc_or_fig, "viz", None)
+    if fig is not None:  # a PlotCollection
+        fig = pc_or_fig.viz["figure"].item() if "figure" in pc_or_fig.viz else None
+        if fig is not None and fig.get_layout_engine() is None:
+            fig.set_layout_engine("constrained")  # titles and tick labels must not overlap
+        pc_or_fig.savefig(path, dpi=110, bbox_inches="tight")
+    else:
+        pc_or_fig.savefig(path, dpi=110, bbox_inches="tight")
+        fig = pc_or_fig
+    if fig is not None:
+        plt.close(fig)
+    return path
+
+
+def common_trees(trees: Mapping[str, xr.DataTree], *, var_names: Sequence[str] | None = None,
+                 max_panels: int = MAX_PANELS, seed: int = 0, standardise: bool = False) -> dict[str, xr.DataTree]:
+    """Every tree reduced to the same scalar quantities and the same (chain=1, draw=n) shape;
+    ``standardise``: every quantity centred and scaled by the first tree's mean and sd (the reference),
+    so quantities of different scales share one axis."""
+    from diagnostics.scorecard import _flat_draws, compared_posterior
+
+    flats = {}
+    for name, tree in trees.items():
+        ds = compared_posterior(tree)
+        names = [k for k in (var_names or ds.data_vars) if k in ds and np.issubdtype(ds[k].dtype, np.floating)]
+        flats[name] = _flat_draws(ds, names)
+    labels = [lab for lab in next(iter(flats.values())) if all(lab in f for f in flats.values())][:max_panels]
+    if not labels:
+        raise ValueError("trees: no scalar quantity is common to every tree")
+    n = min(len(f[labels[0]]) for f in flats.values())
+    rng = np.random.default_rng(seed)
+    first = next(iter(flats.values()))
+    loc = {lab: float(np.mean(first[lab])) if standardise else 0.0 for lab in labels}
+    scale = {lab: (float(np.std(first[lab])) or 1.0) if standardise else 1.0 for lab in labels}
+    out = {}
+    for name, flat in flats.items():
+        total = len(flat[labels[0]])
+        rows = np.sort(rng.choice(total, size=n, replace=False)) if n < total else np.arange(total)
+        ds = xr.Dataset({lab: (("chain", "draw"), (flat[lab][rows][None] - loc[lab]) / scale[lab]) for lab in labels},
+                        coords={"chain": [0], "draw": np.arange(n)})
+        out[name] = xr.DataTree.from_dict({"posterior": ds})
+    return out
+
+
+def _cols(n: int) -> int:
+    return min(4, n)
+
+
+def plot_marginals(trees: Mapping[str, xr.DataTree], path: str | os.PathLike | None = None, *,
+                   var_names: Sequence[str] | None = None, max_panels: int = MAX_PANELS):
+    """Overlaid marginal densities of every method (``trees``: name -> DataTree; put the reference
+    first). Returns the ArviZ PlotCollection (saved as PNG when ``path``)."""
+    import arviz_plots as azp
+
+    _mpl()
+    common = common_trees(trees, var_names=var_names, max_panels=max_panels)
+    n_panels = len(next(iter(common.values()))["posterior"].data_vars)
+    pc = azp.plot_dist(common, kind="kde", col_wrap=_cols(n_panels),
+                       visuals={"credible_interval": False, "point_estimate": False,
+                                "point_estimate_text": False},
+                       figure_kwargs={"figsize": (3.2 * _cols(n_panels), 2.4 * -(-n_panels // _cols(n_panels)) + 0.6)})
+    pc.add_legend("model", loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=min(len(common), 5),
+                  frameon=False)
+    _save(pc, path)
+    return pc
+
+
+def plot_forest(trees: Mapping[str, xr.DataTree], path: str | os.PathLike | None = None, *,
+                var_names: Sequence[str] | None = None, max_panels: int = 3 * MAX_PANELS,
+                standardise: bool = True):
+    """Central 50 % / 89 % intervals and medians of every method, quantity by quantity; by default in
+    units of the first tree's (the reference's) sd, centred on its mean, so that every row reads the
+    same way: 0 is the reference mean, +-1 one reference sd."""
+    import arviz_plots as azp
+
+    plt = _mpl()
+    common = common_trees(trees, var_names=var_names, max_panels=max_panels, standardise=standardise)
+    n_vars = len(next(iter(common.values()))["posterior"].data_vars)
+    height = 1.4 + 0.2 * n_vars * len(common)
+    pc = azp.plot_forest(common, combined=True, figure_kwargs={"figsize": (8, height)})
+    pc.add_legend("model", loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=min(len(common), 5),
+                  frameon=False)
+    if standardise:
+        fig = pc.viz["figure"].item()
+        fig.supxlabel(f"(value - {next(iter(trees))} mean) / {next(iter(trees))} sd", fontsize=10)
+        for ax in fig.axes:
+            if ax.get_xlim()[0] < 0 < ax.get_xlim()[1] and ax.get_xlabel() != "variable":
+                ax.axvline(0, color="0.6", lw=0.8, ls=":", zorder=0)
+        plt.figure(fig.number)
+    _save(pc, path)
+    return pc
+
+
+def plot_traces(trees: Mapping[str, xr.DataTree], path: str | os.PathLike | None = None):
+    """ELBO / bound against iteration for every method that stores a trace; None when none does."""
+    from diagnostics.metrics import trace_of
+
+    traces = {name: trace_of(tree) for name, tree in trees.items()}
+    traces = {k: v for k, v in traces.items() if v[0] is not None and np.isfinite(v[1]).any()}
+    if not traces:
+        return None
+    plt = _mpl()
+    fig, axes = plt.subplots(1, len(traces), figsize=(4.2 * len(traces), 3.0), squeeze=False)
+    for ax, (name, (kind, values)) in zip(axes[0], traces.items(), strict=True):
+        it = np.arange(1, len(values) + 1)
+        ax.plot(it, values, lw=0.8, color="C0", alpha=0.6 if len(values) > 200 else 1.0)
+        if len(values) > 200:  # a noisy stochastic objective: add its running mean
+            w = max(5, len(values) // 50)
+            smooth = np.convolve(values, np.ones(w) / w, mode="valid")
+            ax.plot(it[w - 1:], smooth, lw=1.5, color="C1", label=f"running mean ({w})")
+            ax.legend(fontsize=8, loc="lower right")
+        finite = values[np.isfinite(values)]
+        if finite.size > 20:  # zoom on the converged part: the first iterations dwarf the rest
+            tail = finite[len(finite) // 10:]
+            lo, hi = np.percentile(tail, [1, 100])
+            pad = 0.05 * (hi - lo) if hi > lo else 1.0
+            ax.set_ylim(lo - pad, hi + pad)
+        ax.set_title(f"{name}: {kind}", fontsize=10)
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    _save(fig, path)
+    return fig
+
+
+def plot_sbc(result, path: str | os.PathLike | None = None, *, max_panels: int = MAX_PANELS):
+    """ECDF-difference plot of an ``SBCResult`` (``arviz_plots.plot_ecdf_pit`` on its ``prior_sbc``
+    group; the band is the simultaneous 95 % envelope of a uniform sample of the same size)."""
+    import arviz_plots as azp
+
+    _mpl()
+    ds = result.tree["prior_sbc"].to_dataset()
+    sub = {}
+    for var in ds.data_vars:
+        da = ds[var]
+        extra = [d for d in da.dims if d not in ("chain", "draw")]
+        sub[var] = da.isel({d: slice(0, max_panels) for d in extra})
+    tree = xr.DataTree.from_dict({"prior_sbc": xr.Dataset(sub)})
+    n_panels = sum(int(np.prod([v.sizes[d] for d in v.dims if d not in ("chain", "draw")])) for v in sub.values())
+    pc = azp.plot_ecdf_pit(tree, figure_kwargs={"figsize": (3.4 * _cols(n_panels), 2.8 * -(-n_panels // 4))})
+    _save(pc, path)
+    return pc
+
+
+def plot_sensitivity(tree: xr.DataTree, path: str | os.PathLike | None = None, *,
+                     var_names: Sequence[str] | None = None, prior_sites: Sequence[str] | None = None,
+                     max_panels: int = MAX_PANELS):
+    """Posterior marginals when the prior / likelihood is power-scaled by alpha = 0.8 and 1.25
+    (``arviz_plots.plot_psense_dist``): curves that move mean sensitivity."""
+    import arviz_plots as azp
+
+    from diagnostics.sensitivity import _analysis_tree
+
+    _mpl()
+    data = _analysis_tree(tree)
+    post = data["posterior"].to_dataset()
+    names = [k for k in (var_names or post.data_vars) if np.issubdtype(post[k].dtype, np.floating)]
+    chosen, count = [], 0
+    for k in names:
+        size = int(np.prod([post[k].sizes[d] for d in post[k].dims if d not in ("chain", "draw")]))
+        if count and count + size > max_panels:
+            break
+        chosen.append(k)
+        count += size
+    coords = {}
+    for k in chosen:
+        for d in post[k].dims:
+            if d not in ("chain", "draw") and post.sizes[d] > max_panels:
+                coords[d] = slice(0, max_panels)
+    if len(post.data_vars) == 1:
+        # arviz-plots 1.3 bug: with a single posterior variable ``extract`` returns a DataArray and
+        # plot_psense_dist fails (TypeError in get_group); a second, unplotted copy avoids it.
+        data = data.copy()
+        data["posterior"] = xr.DataTree(post.assign({"__copy__": post[chosen[0]]}))
+    rows = min(count, max_panels)
+    pc = azp.plot_psense_dist(data, var_names=chosen, prior_var_names=list(prior_sites) if prior_sites else None,
+                              coords=coords or None, figure_kwargs={"figsize": (10, 0.8 + 2.5 * rows)})
+    _save(pc, path)
+    return pc
