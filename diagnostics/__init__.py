@@ -1,14 +1,27 @@
-"""bayes-zoo diagnostics: compare any posterior with an MCMC reference.
+"""bayes-zoo diagnostics: compare any posterior with an MCMC reference, and check calibration and
+prior sensitivity.
 
 >>> import diagnostics
 >>> ref = diagnostics.references.get_or_generate("hlcr")
->>> diagnostics.scorecard(ref, {"gibbs": tree_gibbs, "svi": tree_svi})
+>>> card = diagnostics.scorecard(ref, {"gibbs": tree_gibbs, "svi": tree_svi})     # per quantity
+>>> diagnostics.method_scores(ref, {"gibbs": tree_gibbs, "svi": tree_svi})        # per method + verdict
+>>> diagnostics.psis_khat(tree_svi)                                               # Yao et al. 2018
+>>> diagnostics.sbc("hlcr", "gibbs", n_sims=200, seed=0)                          # resumable
+>>> diagnostics.vsbc("hlcr", "svi", n_sims=200, seed=0)
+>>> diagnostics.sensitivity(ref)                                                  # power-scaling + k-hat
+>>> diagnostics.report("hlcr", {"reference": ref, "gibbs": tree_gibbs}, "out/hlcr")
+>>> diagnostics.report_index({"hlcr": "out/hlcr/report.html"}, "out")
 """
 
 from zoo import _runtime  # noqa: F401  (JAX set-up and `import numpyro` before arviz)
 
 # isort: split
-from diagnostics import references
-from diagnostics.scorecard import compared_posterior, reference_health, scorecard
+from diagnostics import plots, references
+from diagnostics.metrics import psis_khat
+from diagnostics.report import report, report_index
+from diagnostics.sbc import SBCResult, sbc, vsbc
+from diagnostics.scorecard import compared_posterior, method_scores, reference_health, scorecard
+from diagnostics.sensitivity import sensitivity
 
-__all__ = ["compared_posterior", "reference_health", "references", "scorecard"]
+__all__ = ["SBCResult", "compared_posterior", "method_scores", "plots", "psis_khat", "reference_health",
+           "references", "report", "report_index", "sbc", "scorecard", "sensitivity", "vsbc"]

@@ -24,6 +24,9 @@ import numpy as np
 import xarray as xr
 
 MAX_PANELS = 12
+# the reference (first tree) in near-black, the methods in the usual colour cycle
+COLORS = ["#222222", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+          "#bcbd22", "#7f7f7f"]
 
 
 def _mpl():
@@ -86,6 +89,10 @@ def common_trees(trees: Mapping[str, xr.DataTree], *, var_names: Sequence[str] |
     return out
 
 
+def _colors(n: int) -> list[str]:
+    return [COLORS[i % len(COLORS)] for i in range(n)]
+
+
 def _cols(n: int) -> int:
     return min(4, n)
 
@@ -99,12 +106,12 @@ def plot_marginals(trees: Mapping[str, xr.DataTree], path: str | os.PathLike | N
     _mpl()
     common = common_trees(trees, var_names=var_names, max_panels=max_panels)
     n_panels = len(next(iter(common.values()))["posterior"].data_vars)
-    pc = azp.plot_dist(common, kind="kde", col_wrap=_cols(n_panels),
+    pc = azp.plot_dist(common, kind="kde", col_wrap=_cols(n_panels), color=_colors(len(common)),
                        visuals={"credible_interval": False, "point_estimate": False,
                                 "point_estimate_text": False},
                        figure_kwargs={"figsize": (3.2 * _cols(n_panels), 2.4 * -(-n_panels // _cols(n_panels)) + 0.6)})
-    pc.add_legend("model", loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=min(len(common), 5),
-                  frameon=False)
+    pc.add_legend("model", loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=min(len(common), 6),
+                  frameon=False, title="method")
     _save(pc, path)
     return pc
 
@@ -121,9 +128,9 @@ def plot_forest(trees: Mapping[str, xr.DataTree], path: str | os.PathLike | None
     common = common_trees(trees, var_names=var_names, max_panels=max_panels, standardise=standardise)
     n_vars = len(next(iter(common.values()))["posterior"].data_vars)
     height = 1.4 + 0.2 * n_vars * len(common)
-    pc = azp.plot_forest(common, combined=True, figure_kwargs={"figsize": (8, height)})
-    pc.add_legend("model", loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=min(len(common), 5),
-                  frameon=False)
+    pc = azp.plot_forest(common, combined=True, figure_kwargs={"figsize": (8, height)}, color=_colors(len(common)))
+    pc.add_legend("model", loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=min(len(common), 6),
+                  frameon=False, title="method")
     if standardise:
         fig = pc.viz["figure"].item()
         fig.supxlabel(f"(value - {next(iter(trees))} mean) / {next(iter(trees))} sd", fontsize=10)
@@ -182,6 +189,16 @@ def plot_sbc(result, path: str | os.PathLike | None = None, *, max_panels: int =
     tree = xr.DataTree.from_dict({"prior_sbc": xr.Dataset(sub)})
     n_panels = sum(int(np.prod([v.sizes[d] for d in v.dims if d not in ("chain", "draw")])) for v in sub.values())
     pc = azp.plot_ecdf_pit(tree, figure_kwargs={"figsize": (3.4 * _cols(n_panels), 2.8 * -(-n_panels // 4))})
+    fig = pc.viz["figure"].item()
+    for ax in fig.axes:  # ArviZ's y-limits can cut the curve off: fit them to what is drawn
+        ys = [np.abs(np.asarray(line.get_ydata(), dtype=float)) for line in ax.get_lines()]
+        ys += [np.abs(np.asarray(c.get_offsets())[:, 1]) for c in ax.collections if len(c.get_offsets())]
+        top = max((float(np.nanmax(y)) for y in ys if y.size), default=0.0)
+        lo, hi = ax.get_ylim()
+        if top * 1.15 > hi:
+            ax.set_ylim(-top * 1.25, top * 1.25)
+        for text in ax.texts:  # the p-value label: keep it readable over the curve
+            text.set_bbox({"facecolor": "white", "alpha": 0.8, "edgecolor": "none", "pad": 1.5})
     _save(pc, path)
     return pc
 

@@ -344,7 +344,10 @@ def _collect(records: list[dict], kind: str, seed: int) -> tuple[xr.DataTree, in
         raw[f"{n}_less"] = (dims, less[None])
         raw[f"{n}_total"] = (dims, total[None])
         raw[f"{n}_truth"] = (dims, np.stack([r[f"{n}::truth"] for r in ok])[None])
-    tree = xr.DataTree.from_dict({"prior_sbc": xr.Dataset(pit), "sbc_ranks": xr.Dataset(raw)})
+    def with_coords(ds):
+        return ds.assign_coords({d: np.arange(n) for d, n in ds.sizes.items()})
+
+    tree = xr.DataTree.from_dict({"prior_sbc": with_coords(xr.Dataset(pit)), "sbc_ranks": with_coords(xr.Dataset(raw))})
     return tree, failed
 
 
@@ -397,6 +400,8 @@ def sbc(name: str | zoo.ModelSpec, method: str, *, n_sims: int, seed: int, alpha
     directory, records = run_simulations(name, method, n_sims=n_sims, seed=seed, sizes=sizes, thin=thin,
                                          simulator=simulator, var_names=var_names, directory=directory,
                                          progress=progress, **options)
+    import arviz_stats  # noqa: F401  (registers the .azstats accessor)
+
     tree, failed = _collect(records, "sbc", seed)
     ds = tree["prior_sbc"].to_dataset()
     pvals = ds.azstats.uniformity_test(dim=["chain", "draw"], method="pot_c")[0]

@@ -1,0 +1,416 @@
+"""Static HTML reports: one page per model comparing every method with the MCMC reference, and an
+index page across models. Plain HTML + CSS and PNG files next to it: no server, no JavaScript, no
+network (open the file in any browser).
+
+>>> page = diagnostics.report("hlcr", {"reference (stored NUTS)": ref, "gibbs": t1, "svi": t2}, "out/hlcr")
+>>> diagnostics.report_index({"hlcr": page}, "out")
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+import os
+import traceback
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+import zoo
+
+PAGE = "report.html"
+SUMMARY = "summary.json"
+MAX_SCORECARD_ROWS = 60
+
+CSS = """
+body { font-family: -apple-system, 'Segoe UI', Roboto, 'DejaVu Sans', Arial, sans-serif; margin: 0;
+       color: #1d2330; background: #f6f7f9; line-height: 1.45; }
+main { max-width: 1180px; margin: 0 auto; padding: 24px 32px 60px; background: #fff; }
+h1 { font-size: 1.7em; margin: 0.2em 0 0.1em; } h2 { font-size: 1.25em; margin-top: 1.8em;
+     border-bottom: 2px solid #e3e6eb; padding-bottom: 4px; } h3 { font-size: 1.05em; }
+p.lead { color: #4a5263; margin-top: 0; } .muted { color: #6b7385; font-size: 0.9em; }
+table { border-collapse: collapse; font-size: 0.86em; margin: 8px 0 4px; }
+th, td { padding: 4px 9px; border-bottom: 1px solid #e3e6eb; text-align: right; white-space: nowrap; }
+th { background: #eef1f5; position: sticky; top: 0; } td:first-child, th:first-child { text-align: left; }
+td.text, th.text { text-align: left; white-space: normal; min-width: 16em; }
+tr:nth-child(even) td { background: #fafbfc; }
+.scroll { max-height: 560px; overflow: auto; border: 1px solid #e3e6eb; display: inline-block; max-width: 100%; }
+.badge { display: inline-block; padding: 1px 9px; border-radius: 10px; font-weight: 600; font-size: 0.85em;
+         color: #fff; } .pass { background: #2e7d32; } .warn { background: #b26a00; }
+.fail { background: #c62828; } .notjudged { background: #607d8b; }
+ul.verdicts li { margin: 6px 0; } figure { margin: 12px 0 22px; } figure img { max-width: 100%;
+         border: 1px solid #e3e6eb; } figcaption { color: #4a5263; font-size: 0.9em; max-width: 60em; }
+.error { color: #c62828; font-family: monospace; white-space: pre-wrap; font-size: 0.85em; }
+dl.glossary dt { font-weight: 600; margin-top: 6px; } dl.glossary dd { margin-left: 1.5em; color: #333a48; }
+nav a { margin-right: 14px; }
+"""
+
+GLOSSARY = [
+    ("std_mean_error", "|mean of the method - mean of the reference| / reference sd. 0.1 means the method's "
+                       "mean is one tenth of a posterior standard deviation away."),
+    ("sd_ratio", "the method's sd / the reference's sd. Below 1: too narrow (overconfident), the usual "
+                 "failure of mean-field variational inference. Above 1: too wide."),
+    ("w1_sd", "1-D Wasserstein distance between the two sets of draws, in reference sd: how far mass must "
+              "move to turn one marginal into the other."),
+    ("cover50 / cover90", "share of the reference's draws inside the method's central 50 % / 90 % interval; "
+                          "0.50 / 0.90 when the marginals agree, less when the method is too narrow or shifted."),
+    ("w1_joint, kl_joint, mmd", "distances between the whole joint posteriors (every quantity at once, each "
+                                "scaled by the reference sd): Wasserstein-1, KL(reference || method) by nearest "
+                                "neighbours (ArviZ), and maximum mean discrepancy. 0 means identical."),
+    ("k-hat (PSIS)", "for methods that know their own density q: the Pareto shape of the importance ratios "
+                     "p(theta, y) / q(theta) at the method's draws (Yao et al. 2018). Below 0.5 good, 0.5-0.7 "
+                     "usable, above 0.7 the approximation misses mass the true posterior has."),
+    ("bound", "the method's objective at convergence (ELBO or its lower bound on log p(y))."),
+    ("ESS/s", "for samplers: the smallest bulk effective sample size over the compared quantities, per "
+              "second of run time (compile time excluded): how fast the sampler produces information."),
+    ("R-hat, ESS, divergences", "MCMC health of the reference: chains agree (R-hat < 1.01), enough effective "
+                                "draws (bulk ESS > 400), and no divergent transitions. A reference failing "
+                                "them is not used to judge anything."),
+    ("prior / likelihood sensitivity", "how much each posterior quantity moves when the prior (or the "
+                                       "likelihood) is raised to a power near 1 (Kallioinen et al. 2024); "
+                                       "above 0.05 it matters. k-hat of the power-scaling weights above 0.7 "
+                                       "makes the check unreliable."),
+]
+
+
+def _esc(x) -> str:
+    return html.escape(str(x))
+
+
+def _fmt(v) -> str:
+    if isinstance(v, bool | np.bool_):
+        return "yes" if v else "no"
+    if isinstance(v, int | np.integer):
+        return str(int(v))
+    if isinstance(v, float | np.floating):
+        v = float(v)
+        if np.isnan(v):
+            return "–"
+        if np.isinf(v):
+            return "-inf" if v < 0 else "inf"
+        if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
+            return f"{v:.2e}"
+        if 0.9 <= abs(v) < 1.1:
+            return f"{v:.3f}"  # R-hat 1.004 and sd ratio 0.997 must not print as "1"
+        return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+    return str(v)
+
+
+def _table(df: pd.DataFrame, *, text_cols: Sequence[str] = (), index: bool = False, scroll: bool = False) -> str:
+    if index:
+        df = df.reset_index()
+    head = "".join(f'<th class="{"text" if c in text_cols else ""}">{_esc(c)}</th>' for c in df.columns)
+    body = []
+    for row in df.itertuples(index=False):
+        cells = []
+        for c, v in zip(df.columns, row, strict=True):
+            if c == "verdict":
+                cells.append(f"<td>{_badge(v)}</td>")
+            else:
+                cells.append(f'<td class="{"text" if c in text_cols else ""}">{_esc(_fmt(v))}</td>')
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    out = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return f'<div class="scroll">{out}</div>' if scroll else out
+
+
+def _badge(verdict: str) -> str:
+    cls = str(verdict).replace(" ", "")
+    return f'<span class="badge {_esc(cls)}">{_esc(str(verdict).upper())}</span>'
+
+
+def _pick_reference(trees: Mapping[str, xr.DataTree], reference: str | None) -> str | None:
+    if reference is not None:
+        if reference not in trees:
+            raise ValueError(f"reference: {reference!r} is not one of the trees {list(trees)}")
+        return reference
+    for key in trees:
+        if key.lower().startswith("reference"):
+            return key
+    for key, tree in trees.items():
+        if key == "nuts" or tree.attrs.get("method") == "nuts":
+            return key
+    return None
+
+
+def _figure(out_dir: Path, name: str, caption: str, make) -> str:
+    """Run ``make(path)``; an <img> with caption, or the error in red (a broken plot must not hide the
+    rest of the report)."""
+    path = out_dir / name
+    try:
+        made = make(path)
+    except Exception as exc:  # noqa: BLE001
+        warnings.warn(f"report: plot {name} failed: {exc!r}", stacklevel=2)
+        return (f"<figure><div class='error'>plot {html.escape(name)} failed: "
+                f"{html.escape(''.join(traceback.format_exception_only(exc)).strip())}</div></figure>")
+    if made is None or not path.is_file():
+        return ""
+    return (f"<figure><a href='{_esc(name)}'><img src='{_esc(name)}' alt='{_esc(caption)}'></a>"
+            f"<figcaption>{caption}</figcaption></figure>")
+
+
+def _sentence(scores: pd.DataFrame, ref_name: str | None) -> str:
+    if ref_name is None or not len(scores):
+        return "No MCMC reference was available, so no method is judged; the tables describe each fit on its own."
+    groups = {v: list(scores.loc[scores["verdict"] == v, "method"]) for v in ("pass", "warn", "fail", "not judged")}
+    parts = []
+    if groups["pass"]:
+        parts.append(f"{len(groups['pass'])} pass ({', '.join(groups['pass'])})")
+    if groups["warn"]:
+        parts.append(f"{len(groups['warn'])} pass with warnings ({', '.join(groups['warn'])})")
+    if groups["fail"]:
+        parts.append(f"{len(groups['fail'])} fail ({', '.join(groups['fail'])})")
+    if groups["not judged"]:
+        parts.append(f"{len(groups['not judged'])} cannot be judged ({', '.join(groups['not judged'])})")
+    return (f"Of {len(scores)} method(s) compared with the reference <b>{_esc(ref_name)}</b>, "
+            + "; ".join(parts) + ".")
+
+
+def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir: str | os.PathLike, *,
+           reference: str | None = None, sbc_results: Sequence = (), var_names: Sequence[str] | None = None,
+           sensitivity_of: str | None = None) -> Path:
+    """Write ``out_dir/report.html`` (+ PNGs, ``scorecard.csv``, ``methods.csv``, ``summary.json``)
+    comparing every tree with the reference, and return the page's path.
+
+    Parameters
+    ----------
+    model:        the model's name (or ModelSpec).
+    trees:        method label -> DataTree from ``inference.fit`` (or a stored reference).
+    out_dir:      directory for the page and its files (created).
+    reference:    which key of ``trees`` is the MCMC reference. Default: the first key starting with
+                  "reference" (``zoo compare`` names the stored one "reference (stored NUTS)"), else the
+                  NUTS tree; with neither, nothing is judged.
+    sbc_results:  ``diagnostics.sbc``/``vsbc`` results to include (ECDF plots and tables).
+    var_names:    restrict the comparison to these posterior variables.
+    sensitivity_of: the key whose fit gets the power-scaling check (default: the reference).
+    """
+    from diagnostics import plots
+    from diagnostics.scorecard import method_scores, reference_health, scorecard
+    from diagnostics.sensitivity import sensitivity
+
+    spec = zoo.get(model)
+    if not trees:
+        raise ValueError("trees: expected at least one fitted tree")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ref_name = _pick_reference(trees, reference)
+    candidates = {k: v for k, v in trees.items() if k != ref_name}
+    ordered = ({ref_name: trees[ref_name]} if ref_name else {}) | candidates
+
+    sections, summary = [], {"model": spec.name, "reference": ref_name, "methods": {}}
+    card = scores = None
+    if ref_name is not None and candidates:
+        card = scorecard(trees[ref_name], candidates, var_names=var_names)
+        scores = method_scores(trees[ref_name], candidates, card=card, var_names=var_names)
+        card.to_csv(out_dir / "scorecard.csv", index=False)
+        scores.to_csv(out_dir / "methods.csv", index=False)
+        summary["methods"] = {r.method: {"verdict": r.verdict, "reasons": r.reasons} for r in scores.itertuples()}
+
+    # --- verdict in words
+    items = []
+    if scores is not None:
+        for r in scores.itertuples():
+            items.append(f"<li>{_badge(r.verdict)} <b>{_esc(r.method)}</b> ({_esc(r.kind)}): {_esc(r.reasons)}.</li>")
+    sentence = _sentence(scores if scores is not None else pd.DataFrame(), ref_name)
+    sections.append(("verdict", "Which methods pass", f"<p>{sentence}</p>"
+                     + (f"<ul class='verdicts'>{''.join(items)}</ul>" if items else "")
+                     + "<p class='muted'>The rule: a method passes when, for every compared quantity, its mean is "
+                       "within 0.2 reference standard deviations of the reference mean and its standard deviation "
+                       "is between 0.8 and 1.25 times the reference's (both allowing 3 Monte Carlo standard "
+                       "errors for the finite number of draws), and, for methods that know their own density, "
+                       "the PSIS k-hat is at most 0.7. A reference that fails its MCMC health check judges "
+                       "nothing.</p>"))
+
+    # --- the reference
+    if ref_name is not None:
+        health = card.attrs["reference_health"] if card is not None else reference_health(trees[ref_name])
+        summary["reference_health"] = health
+        rt = trees[ref_name]
+        hdf = pd.DataFrame([{"reference": ref_name, "draws": int(rt["posterior"].sizes["chain"] *
+                                                                 rt["posterior"].sizes["draw"]),
+                             "chains": int(rt["posterior"].sizes["chain"]), "max R-hat": health["max_rhat"],
+                             "min bulk ESS": health["min_ess_bulk"], "divergences": health["divergences"],
+                             "healthy": health["reliable"]}])
+        words = ("The reference is healthy: its chains agree, it has enough effective draws and no divergences, "
+                 "so it stands in for the true posterior." if health["reliable"] else
+                 "The reference is NOT healthy, so the scores below are shown but nothing is judged against it.")
+        sections.append(("reference", "The MCMC reference", f"<p>{words}</p>" + _table(hdf)))
+
+    # --- per-method table
+    if scores is not None:
+        accuracy = ["method", "kind", "verdict", "max_std_mean_error", "min_sd_ratio", "max_sd_ratio", "mean_w1_sd",
+                    "w1_joint", "kl_joint", "mmd", "khat", "khat_reading"]
+        cost = ["method", "bound_name", "bound", "max_rhat", "min_ess_bulk", "ess_per_second", "compile_seconds",
+                "run_seconds", "n_draws"]
+        names = {
+            "max_std_mean_error": "max std mean err", "min_sd_ratio": "min sd ratio", "max_sd_ratio": "max sd ratio",
+            "mean_w1_sd": "mean W1 (sd)", "w1_joint": "W1 joint", "kl_joint": "KL joint", "khat": "k-hat",
+            "khat_reading": "k-hat reads", "bound_name": "objective", "bound": "at convergence",
+            "max_rhat": "own R-hat", "min_ess_bulk": "min ESS", "ess_per_second": "ESS/s",
+            "compile_seconds": "compile s", "run_seconds": "run s", "n_draws": "draws"}
+
+        def pick(cols):
+            return scores[[c for c in cols if c in scores.columns]].rename(columns=names)
+
+        sections.append(("methods", "Per-method scores",
+                         "<p>Accuracy: each method's worst quantities, distances between the whole posteriors "
+                         "(in reference sd) and the PSIS k-hat of an approximation.</p>" + _table(pick(accuracy))
+                         + "<p>Convergence and cost: the objective at convergence, the sampler's own R-hat and "
+                           "effective draws, and seconds (compilation apart).</p>" + _table(pick(cost))))
+        rows = card
+        note = ""
+        if len(card) > MAX_SCORECARD_ROWS:
+            rows = card.sort_values("std_mean_error", ascending=False).head(MAX_SCORECARD_ROWS)
+            note = (f"<p class='muted'>Showing the {MAX_SCORECARD_ROWS} rows with the largest mean error of "
+                    f"{len(card)}; all rows are in <a href='scorecard.csv'>scorecard.csv</a>.</p>")
+        keep = ["method", "parameter", "mean_ref", "mean", "sd_ref", "sd", "std_mean_error", "sd_ratio", "w1_sd",
+                "cover50", "cover90", "ess_bulk", "ok"]
+        sections.append(("scorecard", "Per-quantity scorecard",
+                         "<p>One row per (method, scalar quantity). Mixtures are compared on label-invariant "
+                         "summaries. <i>ok</i> says whether the row meets the rule above.</p>" + note
+                         + _table(rows[keep], scroll=True)))
+
+    # --- plots
+    figs = []
+    figs.append(_figure(out_dir, "marginals.png",
+                        "Marginal posterior densities, every method over the reference (first colour). Curves that "
+                        "are narrower than the reference mean an overconfident method; shifted curves, a biased one.",
+                        lambda p: plots.plot_marginals(ordered, p, var_names=var_names)))
+    if len(ordered) > 1:
+        figs.append(_figure(out_dir, "forest.png",
+                            "Central 50 % (thick) and 89 % (thin) intervals with medians, in units of the reference "
+                            "sd around the reference mean: rows at 0 with the reference's width agree with it.",
+                            lambda p: plots.plot_forest(ordered, p, var_names=var_names)))
+    figs.append(_figure(out_dir, "traces.png",
+                        "Objective (ELBO or bound) per iteration for the methods that record one: it should rise "
+                        "and flatten; a curve still climbing at the end means the method stopped too early.",
+                        lambda p: plots.plot_traces(ordered, p)))
+    sections.append(("plots", "Plots", "".join(figs)))
+
+    # --- sensitivity
+    sens_key = sensitivity_of or ref_name or next(iter(trees))
+    try:
+        sens = sensitivity(trees[sens_key], var_names=var_names)
+        summary["sensitivity"] = {"of": sens_key, "flagged": [str(i) for i in sens.index[sens["diagnosis"] != "✓"]],
+                                  "khat_prior": sens.attrs["khat_prior"],
+                                  "khat_likelihood": sens.attrs["khat_likelihood"]}
+        flagged = sens[sens["diagnosis"] != "✓"]
+        shown = sens if len(sens) <= MAX_SCORECARD_ROWS else pd.concat([flagged, sens[sens["diagnosis"] == "✓"]]).head(
+            MAX_SCORECARD_ROWS)
+        words = ("No quantity is sensitive to the prior: the data, not the prior, decide the posterior."
+                 if not len(flagged) else
+                 f"{len(flagged)} of {len(sens)} quantities are sensitive to the prior (see the flag column).")
+        if not sens["reliable"].all():
+            words += (f" The check itself is unreliable here: the power-scaling weights have Pareto k-hat "
+                      f"{max(sens.attrs['khat_prior'], sens.attrs['khat_likelihood']):.2f} > 0.7.")
+        table = shown[["prior", "likelihood", "khat_prior", "khat_likelihood", "flag"]].rename_axis("quantity")
+        body = (f"<p>Power-scaling of the fit <b>{_esc(sens_key)}</b> (Kallioinen et al. 2024). {words}</p>"
+                + _table(table, index=True, text_cols=("flag",), scroll=True)
+                + _figure(out_dir, "sensitivity.png",
+                          "Posterior marginals with the prior (left) or likelihood (right) raised to the power 0.8 "
+                          "and 1.25: curves that move with the prior mean prior-sensitive quantities.",
+                          lambda p: plots.plot_sensitivity(trees[sens_key], p, var_names=var_names)))
+    except Exception as exc:  # noqa: BLE001
+        body = f"<div class='error'>sensitivity check failed: {html.escape(repr(exc))}</div>"
+    sections.append(("sensitivity", "Prior sensitivity", body))
+
+    # --- SBC
+    if sbc_results:
+        parts = []
+        for i, res in enumerate(sbc_results):
+            what = "SBC" if res.kind == "sbc" else "VSBC"
+            parts.append(f"<h3>{what}: {_esc(res.method)}</h3><p>{_esc(res.summary())}.</p>")
+            parts.append(_table(res.table[["parameter", "n_sims", "p_value", "pit_mean", "pit_sd", "flagged",
+                                           "reading"]], text_cols=("reading",)))
+            parts.append(_figure(out_dir, f"sbc_{i}_{res.kind}_{res.method}.png",
+                                 f"{what} ECDF difference for {_esc(res.method)}: inside the expected wiggle means "
+                                 "calibrated; a hump means the truth sits on one side of the posterior; an S shape "
+                                 "means the posterior is too wide or too narrow.", res.plot))
+            summary.setdefault("sbc", []).append({"kind": res.kind, "method": res.method, "passed": res.passed})
+        sections.append(("sbc", "Simulation-based calibration", "".join(parts)))
+
+    glossary = "".join(f"<dt>{_esc(t)}</dt><dd>{_esc(d)}</dd>" for t, d in GLOSSARY)
+    sections.append(("glossary", "What the numbers mean", f"<dl class='glossary'>{glossary}</dl>"))
+
+    versions = {}
+    for tree in trees.values():
+        try:
+            versions = json.loads(tree.attrs.get("package_versions", "{}"))
+            break
+        except (TypeError, ValueError):
+            pass
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    nav = " ".join(f"<a href='#{sid}'>{_esc(title)}</a>" for sid, title, _ in sections)
+    head = (f"<h1>{_esc(spec.name)}</h1><p class='lead'>{_esc(spec.description or spec.paper)}</p>"
+            + (f"<p class='muted'>Paper: {_esc(spec.paper)}</p>" if spec.paper and spec.description else "")
+            + f"<p class='muted'>Methods: {_esc(', '.join(ordered))}. Generated {stamp}. "
+            + _esc(", ".join(f"{k} {v}" for k, v in versions.items() if k in ("numpyro", "jax", "arviz")))
+            + "</p><p class='muted'><a href='../index.html'>&larr; all models</a></p>"
+            + f"<nav>{nav}</nav>")
+    body = "".join(f"<section id='{sid}'><h2>{_esc(title)}</h2>{content}</section>" for sid, title, content in sections)
+    page = out_dir / PAGE
+    _write(page, _html(f"bayes-zoo: {spec.name}", head + body))
+    _write(out_dir / SUMMARY, json.dumps(summary, indent=1, default=_json_default))
+    return page
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    return str(o)
+
+
+def _html(title: str, body: str) -> str:
+    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<title>{_esc(title)}</title><style>{CSS}</style></head><body><main>{body}</main></body></html>\n")
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def report_index(pages: Mapping[str, str | os.PathLike], out_dir: str | os.PathLike) -> Path:
+    """Write ``out_dir/index.html``: one row per model (``pages``: model -> its report page), with the
+    verdict of every method, linking to the pages. Returns the index path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name, page in pages.items():
+        page = Path(page)
+        summary = {}
+        if (page.parent / SUMMARY).is_file():
+            summary = json.loads((page.parent / SUMMARY).read_text())
+        try:
+            link = page.resolve().relative_to(out_dir.resolve()).as_posix()
+        except ValueError:
+            link = page.resolve().as_uri()
+        try:
+            spec = zoo.get(name)
+            desc = spec.paper or spec.description
+        except ValueError:
+            desc = ""
+        verdicts = summary.get("methods", {})
+        badges = " ".join(f"{_badge(v['verdict'])}&nbsp;{_esc(m)}" for m, v in verdicts.items()) or \
+            "<span class='muted'>no reference: nothing judged</span>"
+        sens = summary.get("sensitivity", {})
+        sens_text = ("prior-sensitive: " + ", ".join(sens["flagged"][:6]) + ("…" if len(sens["flagged"]) > 6 else "")
+                     if sens.get("flagged") else ("none flagged" if sens else "–"))
+        rows.append(f"<tr><td><a href='{_esc(link)}'><b>{_esc(name)}</b></a><div class='muted'>{_esc(desc)}</div>"
+                    f"</td><td class='text'>{badges}</td><td class='text'>{_esc(sens_text)}</td></tr>")
+    table = ("<table><thead><tr><th>model</th><th class='text'>methods against the MCMC reference</th>"
+             "<th class='text'>prior sensitivity</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    body = ("<h1>bayes-zoo: every model, every method, against MCMC</h1>"
+            "<p class='lead'>Each model's page compares its hand-written kernels and variational methods with a "
+            "healthy NUTS reference, quantity by quantity, and says in words which pass.</p>"
+            f"<p class='muted'>Generated {stamp}. {len(pages)} model(s).</p>" + table)
+    path = out_dir / "index.html"
+    _write(path, _html("bayes-zoo report", body))
+    return path
