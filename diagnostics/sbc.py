@@ -293,6 +293,9 @@ def run_simulations(name: str | zoo.ModelSpec, method: str, *, n_sims: int, seed
     sizes = dict(spec.demo_sizes if sizes is None else sizes)
     hyper = validate_hyper(spec, {k: v for k, v in options.items() if k in spec.hyperparameters})
     method_opts = {k: v for k, v in options.items() if k not in spec.hyperparameters}
+    from inference._methods import get_method, resolve_options
+
+    resolve_options(spec, get_method(spec, method), {**method_opts, "progress": False})  # bad options fail now
     args = {"model": spec.name, "method": method, "seed": seed, "sizes": sizes, "hyper": hyper,
             "options": method_opts, "thin": thin, "simulator": simulator,
             "var_names": None if var_names is None else list(var_names)}
