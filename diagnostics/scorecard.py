@@ -120,7 +120,8 @@ def _flat_ess(ds: xr.Dataset, labels: Sequence[str]) -> dict[str, float]:
 
 
 def reference_health(reference: xr.DataTree, ds: xr.Dataset | None = None) -> dict:
-    """MCMC health of the reference: max R-hat, min bulk ESS, divergences, and whether all pass."""
+    """MCMC health of the reference: max R-hat, min bulk and tail ESS, divergences, and whether it is
+    reliable (R-hat < 1.01, bulk ESS > 400, no divergences)."""
     import arviz_stats as azs
 
     ds = ds if ds is not None else compared_posterior(reference)
@@ -128,11 +129,12 @@ def reference_health(reference: xr.DataTree, ds: xr.Dataset | None = None) -> di
     sub = _as_tree(ds[floats])
     rhat = float(np.nanmax([np.nanmax(v.values) for v in azs.rhat(sub).data_vars.values()]))
     ess = float(np.nanmin([np.nanmin(v.values) for v in azs.ess(sub, method="bulk").data_vars.values()]))
+    ess_tail = float(np.nanmin([np.nanmin(v.values) for v in azs.ess(sub, method="tail").data_vars.values()]))
     div = 0
     if "sample_stats" in reference.children and "diverging" in reference["sample_stats"]:
         div = int(reference["sample_stats"]["diverging"].sum())
     ok = rhat < HEALTH_RHAT_MAX and ess > HEALTH_ESS_MIN and div == 0
-    return {"max_rhat": rhat, "min_ess_bulk": ess, "divergences": div, "reliable": ok}
+    return {"max_rhat": rhat, "min_ess_bulk": ess, "min_ess_tail": ess_tail, "divergences": div, "reliable": ok}
 
 
 def scorecard(reference: xr.DataTree, candidates: Mapping[str, xr.DataTree] | xr.DataTree, *,
