@@ -60,10 +60,12 @@ def _save(pc_or_fig, path) -> Path | None:
 
 
 def common_trees(trees: Mapping[str, xr.DataTree], *, var_names: Sequence[str] | None = None,
-                 max_panels: int = MAX_PANELS, seed: int = 0, standardise: bool = False) -> dict[str, xr.DataTree]:
+                 labels: Sequence[str] | None = None, max_panels: int = MAX_PANELS, seed: int = 0,
+                 standardise: bool = False) -> dict[str, xr.DataTree]:
     """Every tree reduced to the same scalar quantities and the same (chain=1, draw=n) shape;
     ``standardise``: every quantity centred and scaled by the first tree's mean and sd (the reference),
-    so quantities of different scales share one axis."""
+    so quantities of different scales share one axis. ``labels``: the scalar quantities to keep (as the
+    scorecard names them, e.g. ``"w[0,1]"``); default: the first ``max_panels``."""
     from diagnostics.scorecard import _flat_draws, compared_posterior
 
     flats = {}
@@ -71,7 +73,8 @@ def common_trees(trees: Mapping[str, xr.DataTree], *, var_names: Sequence[str] |
         ds = compared_posterior(tree)
         names = [k for k in (var_names or ds.data_vars) if k in ds and np.issubdtype(ds[k].dtype, np.floating)]
         flats[name] = _flat_draws(ds, names)
-    labels = [lab for lab in next(iter(flats.values())) if all(lab in f for f in flats.values())][:max_panels]
+    common = [lab for lab in next(iter(flats.values())) if all(lab in f for f in flats.values())]
+    labels = [lab for lab in common if labels is None or lab in set(labels)][:max_panels]
     if not labels:
         raise ValueError("trees: no scalar quantity is common to every tree")
     n = min(len(f[labels[0]]) for f in flats.values())
@@ -98,18 +101,19 @@ def _cols(n: int) -> int:
 
 
 def plot_marginals(trees: Mapping[str, xr.DataTree], path: str | os.PathLike | None = None, *,
-                   var_names: Sequence[str] | None = None, max_panels: int = MAX_PANELS):
+                   var_names: Sequence[str] | None = None, labels: Sequence[str] | None = None,
+                   max_panels: int = MAX_PANELS):
     """Overlaid marginal densities of every method (``trees``: name -> DataTree; put the reference
     first). Returns the ArviZ PlotCollection (saved as PNG when ``path``)."""
     import arviz_plots as azp
 
     _mpl()
-    common = common_trees(trees, var_names=var_names, max_panels=max_panels)
+    common = common_trees(trees, var_names=var_names, labels=labels, max_panels=max_panels)
     n_panels = len(next(iter(common.values()))["posterior"].data_vars)
     pc = azp.plot_dist(common, kind="kde", col_wrap=_cols(n_panels), color=_colors(len(common)),
                        visuals={"credible_interval": False, "point_estimate": False,
                                 "point_estimate_text": False},
-                       figure_kwargs={"figsize": (3.2 * _cols(n_panels), 2.4 * -(-n_panels // _cols(n_panels)) + 0.6)})
+                       figure_kwargs={"figsize": (3.2 * _cols(n_panels), 2.7 * -(-n_panels // _cols(n_panels)) + 0.6)})
     pc.add_legend("model", loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=min(len(common), 6),
                   frameon=False, title="method")
     _save(pc, path)
@@ -117,17 +121,18 @@ def plot_marginals(trees: Mapping[str, xr.DataTree], path: str | os.PathLike | N
 
 
 def plot_forest(trees: Mapping[str, xr.DataTree], path: str | os.PathLike | None = None, *,
-                var_names: Sequence[str] | None = None, max_panels: int = 3 * MAX_PANELS,
-                standardise: bool = True):
+                var_names: Sequence[str] | None = None, labels: Sequence[str] | None = None,
+                max_panels: int = 2 * MAX_PANELS, standardise: bool = True):
     """Central 50 % / 89 % intervals and medians of every method, quantity by quantity; by default in
     units of the first tree's (the reference's) sd, centred on its mean, so that every row reads the
     same way: 0 is the reference mean, +-1 one reference sd."""
     import arviz_plots as azp
 
     plt = _mpl()
-    common = common_trees(trees, var_names=var_names, max_panels=max_panels, standardise=standardise)
+    common = common_trees(trees, var_names=var_names, labels=labels, max_panels=max_panels,
+                          standardise=standardise)
     n_vars = len(next(iter(common.values()))["posterior"].data_vars)
-    height = 1.4 + 0.2 * n_vars * len(common)
+    height = 1.4 + 0.18 * n_vars * len(common) + 0.15 * n_vars
     pc = azp.plot_forest(common, combined=True, figure_kwargs={"figsize": (8, height)}, color=_colors(len(common)))
     pc.add_legend("model", loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=min(len(common), 6),
                   frameon=False, title="method")

@@ -274,17 +274,24 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
                          "summaries. <i>ok</i> says whether the row meets the rule above.</p>" + note
                          + _table(rows[keep], scroll=True)))
 
-    # --- plots
+    # --- plots (large models: the quantities where the methods disagree most with the reference)
+    labels, which = None, ""
+    if card is not None and card["parameter"].nunique() > plots.MAX_PANELS:
+        badness = (card["std_mean_error"] + np.abs(np.log(card["sd_ratio"].clip(lower=1e-12)))).groupby(
+            card["parameter"]).max()
+        labels = list(badness.sort_values(ascending=False).index[:plots.MAX_PANELS])
+        which = (f" Shown: the {plots.MAX_PANELS} of {card['parameter'].nunique()} quantities where some method "
+                 "disagrees most with the reference.")
     figs = []
     figs.append(_figure(out_dir, "marginals.png",
-                        "Marginal posterior densities, every method over the reference (first colour). Curves that "
-                        "are narrower than the reference mean an overconfident method; shifted curves, a biased one.",
-                        lambda p: plots.plot_marginals(ordered, p, var_names=var_names)))
+                        "Marginal posterior densities, every method over the reference (black). Curves that are "
+                        "narrower than the reference mean an overconfident method; shifted curves, a biased one."
+                        + which, lambda p: plots.plot_marginals(ordered, p, var_names=var_names, labels=labels)))
     if len(ordered) > 1:
         figs.append(_figure(out_dir, "forest.png",
                             "Central 50 % (thick) and 89 % (thin) intervals with medians, in units of the reference "
-                            "sd around the reference mean: rows at 0 with the reference's width agree with it.",
-                            lambda p: plots.plot_forest(ordered, p, var_names=var_names)))
+                            "sd around the reference mean: rows at 0 with the reference's width agree with it."
+                            + which, lambda p: plots.plot_forest(ordered, p, var_names=var_names, labels=labels)))
     figs.append(_figure(out_dir, "traces.png",
                         "Objective (ELBO or bound) per iteration for the methods that record one: it should rise "
                         "and flatten; a curve still climbing at the end means the method stopped too early.",
