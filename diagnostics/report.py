@@ -47,7 +47,8 @@ ul.verdicts li { margin: 6px 0; } figure { margin: 12px 0 22px; } figure img { m
          border: 1px solid #e3e6eb; } figcaption { color: #4a5263; font-size: 0.9em; max-width: 60em; }
 .error { color: #c62828; font-family: monospace; white-space: pre-wrap; font-size: 0.85em; }
 dl.glossary dt { font-weight: 600; margin-top: 6px; } dl.glossary dd { margin-left: 1.5em; color: #333a48; }
-nav a { margin-right: 14px; }
+nav a { margin-right: 14px; } table.index { width: 100%; } table.index td { vertical-align: top; }
+table.index td.text { min-width: 12em; }
 """
 
 GLOSSARY = [
@@ -404,14 +405,16 @@ def report_index(pages: Mapping[str, str | os.PathLike], out_dir: str | os.PathL
         except ValueError:
             desc = ""
         verdicts = summary.get("methods", {})
-        badges = " ".join(f"{_badge(v['verdict'])}&nbsp;{_esc(m)}" for m, v in verdicts.items()) or \
+        badges = "".join(f"<div>{_badge(v['verdict'])}&nbsp;{_esc(m)}</div>" for m, v in verdicts.items()) or \
             "<span class='muted'>no reference: nothing judged</span>"
         sens = summary.get("sensitivity", {})
         sens_text = ("prior-sensitive: " + ", ".join(sens["flagged"][:6]) + ("…" if len(sens["flagged"]) > 6 else "")
                      if sens.get("flagged") else ("none flagged" if sens else "–"))
-        rows.append(f"<tr><td><a href='{_esc(link)}'><b>{_esc(name)}</b></a><div class='muted'>{_esc(desc)}</div>"
+        rows.append(f"<tr><td class='text'><a href='{_esc(link)}'><b>{_esc(name)}</b></a>"
+                    f"<div class='muted'>{_esc(desc)}</div>"
                     f"</td><td class='text'>{badges}</td><td class='text'>{_esc(sens_text)}</td></tr>")
-    table = ("<table><thead><tr><th>model</th><th class='text'>methods against the MCMC reference</th>"
+    table = ("<table class='index'><thead><tr><th class='text'>model</th>"
+             "<th class='text'>methods against the MCMC reference</th>"
              "<th class='text'>prior sensitivity</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     body = ("<h1>bayes-zoo: every model, every method, against MCMC</h1>"
