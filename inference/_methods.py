@@ -36,7 +36,8 @@ SHARED_OPTION_CONSTRAINTS: dict[str, str] = {
 # Options every method accepts.
 COMMON_OPTIONS: dict[str, Any] = {"progress": None}
 
-KERNEL_MODULES: tuple[str, ...] = ("inference.hlcr_gibbs",)
+KERNEL_MODULES: tuple[str, ...] = ("inference.hlcr_gibbs", "inference.ssgp_vb", "inference.bpca_vb",
+                                   "inference.bpca_dppca")
 
 
 @dataclasses.dataclass(frozen=True)
