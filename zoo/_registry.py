@@ -132,7 +132,7 @@ class ModelSpec:
 
 
 # Model modules in zoo/ that register specs; imported on first registry access.
-MODEL_MODULES: tuple[str, ...] = ("hlcr", "ssgp")
+MODEL_MODULES: tuple[str, ...] = ("hlcr", "ssgp", "bpca")
 
 _REGISTRY: dict[str, ModelSpec] = {}
 _loaded = False

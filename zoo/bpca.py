@@ -1,0 +1,341 @@
+"""Bayesian PCA (BPCA) with missing entries: the model of D-MFVI (Babagholami-Mohamadabadi, Yoon & Pavlovic,
+"D-MFVI: Distributed Mean Field Variational Inference using Bregman ADMM", arXiv 1507.00824, sec. 3 and
+appendix B; engineering notes ``shared/notes/004_dmfvi_badmm.md``).
+
+Generative story (notes §2.1, per-column ARD form of appendix B; erratum E10)::
+
+    mu_d   ~ N(0, 1/theta)                     d = 1..D          offset
+    alpha_m ~ Gamma(a_alpha, b_alpha)          m = 1..M          only when ``alpha=None`` (ARD learned)
+    w_dm   ~ N(0, 1/alpha_m)                                     loadings W (D x M), ARD on columns
+    tau    ~ Gamma(a_tau, b_tau)                                  noise precision (learned unless ``tau`` given)
+    z_n    ~ N(0, I_M)                         n = 1..N          latent coordinates
+    y_nd   ~ N(w_d^T z_n + mu_d, 1/tau)        for observed (n, d) only
+
+Data contract: ``Y`` (N, D) floats, NaN marks a missing entry (the likelihood is masked there, so a
+missing entry is "missing at random" for the model); optional ``node`` (N,) integers assigning each row
+to a node of a network (used by the distributed methods ``badmm`` and ``dppca``; ignored by the model).
+
+Simulators: ``simulate`` is the notes' low-rank "LR20" problem (§6: D=20, M=3, N=200, column scales
+(3, 2, 1), sigma=0.5, rows split into contiguous shards), ``simulate_cube`` the rotating-cube affine
+structure-from-motion generator of §5.3 (5 cameras = 5 nodes, 50 frames, uniform pixel noise, 20 %
+missing-at-random or occlusion masks). ``subspace_angle`` is the paper's metric (MATLAB ``subspace``:
+largest principal angle, in degrees; erratum E36).
+
+W is identified only up to rotation/sign (exactly rotation-invariant when alpha is isotropic), so
+``summaries`` gives rotation-invariant quantities for comparing methods: mu, tau, alpha, the row norms
+diag(W W^T) and the singular values of W.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import xarray as xr
+
+from zoo._registry import DataField, Hyper, ModelSpec, register
+
+# --------------------------------------------------------------------------------------------------
+# The generative model
+# --------------------------------------------------------------------------------------------------
+
+
+def model(X, mask, M, tau=None, alpha=1.0, theta=0.01, a_tau=1e-3, b_tau=1e-3, a_alpha=1e-3, b_alpha=1e-3):
+    """BPCA with a missing-entry mask (notes §2.3 sketch, per-column ARD prior, tau and alpha optional).
+
+    ``X`` (N, D) with missing entries set to 0, ``mask`` (N, D) bool (True = observed). ``tau``/``alpha``
+    a number: fixed; ``None``: given a Gamma(a, b) prior (shape-rate) and learned.
+    Site ``Y`` is one factor per row (the observed entries of that row).
+    """
+    N, D = X.shape
+    mu = numpyro.sample("mu", dist.Normal(0.0, theta ** -0.5).expand([D]).to_event(1))
+    if alpha is None:
+        alpha = numpyro.sample("alpha", dist.Gamma(a_alpha, b_alpha).expand([M]).to_event(1))
+    alpha = jnp.broadcast_to(jnp.asarray(alpha, dtype=float), (M,))
+    W = numpyro.sample("W", dist.Normal(jnp.zeros((D, M)), alpha ** -0.5).to_event(2))   # ARD: per column m
+    if tau is None:
+        tau = numpyro.sample("tau", dist.Gamma(a_tau, b_tau))
+    with numpyro.plate("row", N):
+        z = numpyro.sample("z", dist.Normal(0.0, 1.0).expand([M]).to_event(1))           # (N, M)
+        numpyro.sample("Y", dist.Normal(z @ W.T + mu, tau ** -0.5).mask(mask).to_event(1), obs=X)
+
+
+def model_inputs(data, hyper):
+    """Model keyword arguments: NaN -> 0 plus a boolean mask; hyperparameters (``node`` is not used)."""
+    Y = np.asarray(data["Y"], dtype=float)
+    mask = ~np.isnan(Y)
+    return {"X": np.where(mask, Y, 0.0), "mask": mask, "M": int(hyper["M"]), **_model_hyper(hyper)}
+
+
+def _model_hyper(hyper):
+    out = {}
+    for k in ("tau", "alpha"):
+        out[k] = None if hyper.get(k) is None else float(hyper[k]) if np.ndim(hyper[k]) == 0 else \
+            np.asarray(hyper[k], float)
+    for k in ("theta", "a_tau", "b_tau", "a_alpha", "b_alpha"):
+        out[k] = float(hyper[k])
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Simulators
+# --------------------------------------------------------------------------------------------------
+
+
+def node_split(N: int, num_nodes: int) -> np.ndarray:
+    """Node index of each of N rows: contiguous shards of (almost) equal size."""
+    if num_nodes < 1 or num_nodes > N:
+        raise ValueError(f"num_nodes: expected an integer in [1, {N}], got {num_nodes!r}")
+    sizes = [len(a) for a in np.array_split(np.arange(N), num_nodes)]
+    return np.repeat(np.arange(num_nodes), sizes)
+
+
+def missing_at_random(rng, shape, rate):
+    """Boolean mask (True = missing) with exactly round(rate * size) entries missing, uniformly placed."""
+    n = int(round(rate * int(np.prod(shape))))
+    flat = np.zeros(int(np.prod(shape)), bool)
+    flat[rng.choice(flat.size, size=n, replace=False)] = True
+    return flat.reshape(shape)
+
+
+def simulate(seed, N=200, D=20, M=3, scales=(3.0, 2.0, 1.0), sigma=0.5, num_nodes=5, missing=0.0,
+             mu_scale=1.0):
+    """The notes' low-rank problem "LR20" (§6): W = randn(D, M) diag(scales), z ~ N(0, I), mu ~ N(0, mu_scale^2 I),
+    y = W z + mu + sigma * eps; a fraction ``missing`` of entries set to NaN at random; rows split into
+    ``num_nodes`` contiguous shards (``node``).
+
+    Returns ``(data, truth)``: data = {Y, node}; truth = {W, z, mu, tau, missing_mask, hyperparameters}.
+    """
+    rng = np.random.default_rng(seed)
+    scales = np.broadcast_to(np.asarray(scales, float), (M,))
+    W = rng.normal(size=(D, M)) * scales
+    z = rng.normal(size=(N, M))
+    mu = mu_scale * rng.normal(size=D)
+    Y = z @ W.T + mu + sigma * rng.normal(size=(N, D))
+    miss = missing_at_random(rng, (N, D), missing) if missing > 0 else np.zeros((N, D), bool)
+    Y_obs = np.where(miss, np.nan, Y)
+    data = {"Y": Y_obs, "node": node_split(N, num_nodes)}
+    truth = {"W": W, "z": z, "mu": mu, "tau": 1.0 / sigma**2, "Y_complete": Y, "missing_mask": miss,
+             "hyperparameters": {"M": M, "tau": 1.0 / sigma**2, "alpha": 1.0, "theta": 0.01}}
+    return data, truth
+
+
+# The rotating cube of the D-PPCA/D-BPCA SfM experiments (notes §5.3).
+CUBE_VERTICES = np.stack([np.array([0, 1, 0, 0, 1, 1, 0, 1]) - 0.5,
+                          np.array([0, 0, 1, 0, 1, 0, 1, 1]) - 0.5,
+                          np.array([0, 0, 0, 1, 0, 1, 1, 1]) - 0.5], axis=1)   # (8 points, 3)
+
+
+def _rot_x(a):
+    c, s = math.cos(a), math.sin(a)
+    return np.array([[1, 0, 0], [0, c, -s], [0, s, c]])
+
+
+def _rot_z(a):
+    c, s = math.cos(a), math.sin(a)
+    return np.array([[c, -s, 0], [s, c, 0], [0, 0, 1]])
+
+
+def cube_cameras(cameras=5):
+    """Unit view directions c_i (cameras, 3) and orthographic projections (cameras, 2, 3) (MATLAB viewmtx).
+
+    c_i = R_x(pi/6) (cos t_i, sin t_i, 0), t_i = linspace(0, pi/2, cameras); az = atan2(c_y, c_x) + pi/2,
+    el = atan2(c_z, |c_xy|); rows [cos az, sin az, 0] and [-sin el sin az, sin el cos az, cos el]."""
+    t = np.linspace(0, np.pi / 2, cameras)
+    c = (_rot_x(np.pi / 6) @ np.stack([np.cos(t), np.sin(t), np.zeros_like(t)])).T
+    az = np.arctan2(c[:, 1], c[:, 0]) + np.pi / 2
+    el = np.arctan2(c[:, 2], np.hypot(c[:, 0], c[:, 1]))
+    P = np.stack([np.stack([np.cos(az), np.sin(az), np.zeros_like(az)], 1),
+                  np.stack([-np.sin(el) * np.sin(az), np.sin(el) * np.cos(az), np.cos(el)], 1)], 1)
+    return c, P
+
+
+def cube_visibility(frames=50, cameras=5, step_deg=3.0):
+    """(cameras, frames, 8) bool: vertex p is visible iff one of its three incident faces, rotated with the
+    cube, has an outward normal n with n . c_i > 0 (notes §5.3, MNAR occlusion)."""
+    c, _ = cube_cameras(cameras)
+    signs = np.sign(CUBE_VERTICES)                                           # (8, 3)
+    vis = np.zeros((cameras, frames, 8), bool)
+    for r in range(frames):
+        R = _rot_z(np.deg2rad(step_deg * r))
+        for ax in range(3):
+            normals = signs[:, ax:ax + 1] * R[:, ax][None, :]                 # (8, 3) rotated face normals
+            vis[:, r, :] |= (normals @ c.T).T > 0
+    return vis
+
+
+def simulate_cube(seed, noise=0.01, frames=50, cameras=5, missing=None, missing_rate=0.2, step_deg=3.0):
+    """Affine SfM on the rotating unit cube (notes §5.3; the D-PPCA generator extended to 50 frames).
+
+    The cube (8 vertices) rotates by ``step_deg`` degrees per frame about z; each of ``cameras`` fixed
+    orthographic cameras sees all ``frames``; image coordinates get uniform noise ``noise * U[0, 1)``
+    (the generator's, erratum E31). Measurement matrix: 2 * cameras * frames rows (camera-major, then frame,
+    then x/y) x 8 points, each row centred over the points (computed before masking). ``missing``:
+    ``None``; ``"mar"``: ``missing_rate`` of the (camera, frame, point) triples dropped at random (exact count,
+    both coordinates, every point kept at least once); ``"occlusion"``: a vertex is missing when it is
+    hidden (``cube_visibility``).
+
+    Returns ``(data, truth)``: data = {Y (rows, 8), node (camera of each row)}; truth = {structure (8, 3),
+    Y_complete, missing_mask, missing_fraction}. Model mapping: D = 8 points, M = 3, W = structure.
+    """
+    rng = np.random.default_rng(seed)
+    _, P = cube_cameras(cameras)
+    rows = []
+    for i in range(cameras):
+        for r in range(frames):
+            pts = CUBE_VERTICES @ _rot_z(np.deg2rad(step_deg * r)).T             # (8, 3) rotated points
+            rows.append(P[i] @ pts.T)                                            # (2, 8)
+    Y = np.concatenate(rows, 0)
+    Y = Y + noise * rng.random(Y.shape)
+    Y = Y - Y.mean(axis=1, keepdims=True)
+    if missing is None:
+        pair_missing = np.zeros((cameras, frames, 8), bool)
+    elif missing == "mar":
+        while True:
+            pair_missing = missing_at_random(rng, (cameras, frames, 8), missing_rate)
+            if not pair_missing.reshape(-1, 8).all(0).any():
+                break
+    elif missing == "occlusion":
+        pair_missing = ~cube_visibility(frames, cameras, step_deg)
+    else:
+        raise ValueError(f"missing: expected None, 'mar' or 'occlusion', got {missing!r}")
+    mask = np.repeat(pair_missing.reshape(cameras * frames, 8), 2, axis=0)       # x and y rows together
+    data = {"Y": np.where(mask, np.nan, Y), "node": np.repeat(np.arange(cameras), 2 * frames)}
+    truth = {"structure": CUBE_VERTICES.copy(), "Y_complete": Y, "missing_mask": mask,
+             "missing_fraction": float(mask.mean()),
+             "hyperparameters": {"M": 3}}
+    return data, truth
+
+
+def subspace_angle(A, B) -> float:
+    """Largest principal angle between the column spaces of A and B, in degrees (MATLAB ``subspace``).
+
+    Computed as arcsin of the norm of the part of B's orthonormal basis outside span(A): accurate for
+    small angles (arccos of the cosines loses half the digits)."""
+    Qa, _ = np.linalg.qr(np.asarray(A, float))
+    Qb, _ = np.linalg.qr(np.asarray(B, float))
+    if Qa.shape[1] < Qb.shape[1]:
+        Qa, Qb = Qb, Qa
+    resid = Qb - Qa @ (Qa.T @ Qb)
+    s = np.linalg.norm(resid, 2)
+    return float(np.rad2deg(np.arcsin(min(1.0, s))))
+
+
+def svd_structure(Y, M=3):
+    """Tomasi-Kanade affine SfM baseline on complete data: the top-M right singular vectors (D, M) of the
+    row-centred measurement matrix (the subspace metric is invariant to the metric upgrade Q)."""
+    Y = np.asarray(Y, float)
+    _, _, Vt = np.linalg.svd(Y - Y.mean(axis=1, keepdims=True), full_matrices=False)
+    return Vt[:M].T
+
+
+# --------------------------------------------------------------------------------------------------
+# Rotation-invariant summaries (what diagnostics compare across methods)
+# --------------------------------------------------------------------------------------------------
+
+
+def summaries(posterior, data, hyper):
+    """Rotation-invariant summaries of BPCA draws: ``mu``, ``tau``/``alpha`` when learned, ``w_rownorm2``
+    = diag(W W^T) (D,), ``w_sv`` = singular values of W, largest first (M,)."""
+    W = np.asarray(posterior["W"].transpose("chain", "draw", ...).values)
+    C, S, D, M = W.shape
+    sv = np.linalg.svd(W.reshape(C * S, D, M), compute_uv=False).reshape(C, S, M)
+    coords = {"chain": posterior["chain"].values, "draw": posterior["draw"].values,
+              "feature": np.arange(D), "component": np.arange(M)}
+    out = {"mu": (("chain", "draw", "feature"), np.asarray(posterior["mu"].transpose("chain", "draw", ...).values)),
+           "w_rownorm2": (("chain", "draw", "feature"), np.sum(W**2, axis=-1)),
+           "w_sv": (("chain", "draw", "component"), sv)}
+    for k in ("tau", "alpha"):
+        if k in posterior:
+            v = np.asarray(posterior[k].transpose("chain", "draw", ...).values)
+            out[k] = (("chain", "draw") + (("component",) if v.ndim == 3 else ()), v)
+    return xr.Dataset(out, coords=coords)
+
+
+# --------------------------------------------------------------------------------------------------
+# Registration
+# --------------------------------------------------------------------------------------------------
+
+
+def check(data, hyper):
+    """Model-specific input checks (run by ``fit`` before compilation)."""
+    Y = data["Y"]
+    D = Y.shape[1]
+    M = hyper["M"]
+    if M >= D:
+        raise ValueError(f"M: the latent dimension must be smaller than the data dimension D={D}, got M={M}")
+    if not np.any(~np.isnan(Y)):
+        raise ValueError("data['Y']: every entry is missing (NaN); need at least one observed entry")
+    for k in ("tau", "alpha"):
+        v = hyper.get(k)
+        if v is None:
+            continue
+        arr = np.asarray(v, dtype=float) if not isinstance(v, bool) else np.asarray(np.nan)
+        if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+            raise ValueError(f"{k}: expected a positive number (fixed) or None (learned with a Gamma prior), "
+                             f"got {v!r}")
+        if k == "alpha" and arr.ndim == 1 and arr.shape != (M,):
+            raise ValueError(f"alpha: a per-column vector must have length M={M}, got shape {arr.shape}")
+        if arr.ndim > 1 or (k == "tau" and arr.ndim != 0):
+            raise ValueError(f"{k}: expected a scalar{' or an (M,) vector' if k == 'alpha' else ''}, got {v!r}")
+
+
+def coords(data, hyper):
+    N, D = data["Y"].shape
+    return {"feature": np.arange(D), "component": np.arange(int(hyper["M"])), "row": np.arange(N)}
+
+
+def reference_datasets():
+    """Stored NUTS reference: the demo data (tag ``default``)."""
+    data, _ = SPEC.default_data()
+    return {"default": (data, dict(SPEC.reference_options))}
+
+
+SPEC = register(ModelSpec(
+    name="bpca",
+    paper="Babagholami-Mohamadabadi, Yoon & Pavlovic, D-MFVI: Distributed Mean Field Variational Inference "
+          "using Bregman ADMM (arXiv 1507.00824; AAAI 2016); corrected per shared/notes/004_dmfvi_badmm.md",
+    description="Bayesian PCA with missing entries: y_n ~ N(W z_n + mu, tau^-1 I) on the observed entries, "
+                "z_n ~ N(0, I_M), ARD prior w_dm ~ N(0, 1/alpha_m), mu ~ N(0, 1/theta), tau ~ Gamma (learned "
+                "unless fixed). Distributed over a graph of nodes by D-MFVI (B-ADMM consensus on the "
+                "variational parameters) and by the D-PPCA baseline.",
+    model=model,
+    simulate=simulate,
+    data_fields=(
+        DataField("Y", ("n", "D"), allow_nan=True, doc="observations, NaN = missing entry"),
+        DataField("node", ("n",), kind="index", optional=True,
+                  doc="node of each row (distributed methods); ignored by the model"),
+    ),
+    hyperparameters={
+        "M": Hyper(3, "positive_int", "latent dimension"),
+        "tau": Hyper(None, "any", "noise precision: a number fixes it, None learns it (Gamma(a_tau, b_tau))"),
+        "alpha": Hyper(1.0, "any", "ARD precision of W's columns: number or (M,) vector fixes it, None "
+                                   "learns it (Gamma(a_alpha, b_alpha) per column)"),
+        "theta": Hyper(0.01, "positive", "prior precision of mu"),
+        "a_tau": Hyper(1e-3, "positive", "Gamma shape of tau's prior"),
+        "b_tau": Hyper(1e-3, "positive", "Gamma rate of tau's prior"),
+        "a_alpha": Hyper(1e-3, "positive", "Gamma shape of alpha's prior"),
+        "b_alpha": Hyper(1e-3, "positive", "Gamma rate of alpha's prior"),
+    },
+    methods=("nuts", "svi", "vbem", "badmm", "dppca"),
+    likelihood_sites=("Y",),
+    observed_fields=("Y",),
+    model_inputs=model_inputs,
+    check=check,
+    dims={"W": ["feature", "component"], "mu": ["feature"], "z": ["row", "component"], "alpha": ["component"],
+          "Y": ["row"]},
+    coords=coords,
+    summaries=summaries,
+    method_options={"nuts": {"target_accept_prob": 0.9}},
+    demo_sizes={"N": 100, "D": 8, "M": 2, "scales": (3.0, 1.5), "sigma": 0.5, "num_nodes": 4},
+    demo_options={"nuts": {"num_warmup": 500, "num_samples": 500, "M": 2},
+                  "svi": {"num_steps": 5000, "guide": "normal", "M": 2},
+                  "vbem": {"M": 2},
+                  "badmm": {"M": 2},
+                  "dppca": {"M": 2}},
+    reference_options={"num_warmup": 1000, "num_samples": 2000, "num_chains": 2, "M": 2},
+    reference_datasets=reference_datasets,
+))
