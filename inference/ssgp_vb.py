@@ -752,3 +752,123 @@ def run_vb(ctx: FitContext) -> Draws:
         groups={"variational_parameters": state_dataset(cfg, st)},
         attrs={"n_iter": int(len(info.bound)), "converged": int(converged), "bound_final": float(st.bound),
                "n_backtracked_sweeps": int(np.sum(info.n_tries > 1))})
+
+
+# --------------------------------------------------------------------------------------------------
+# Prediction with uncertainty (notes §3.6)
+# --------------------------------------------------------------------------------------------------
+
+def _tree_context(tree):
+    """(spec, training data, hyperparameters) of a fitted ssgp tree."""
+    import json
+
+    import zoo
+    from diagnostics.references import data_of
+    from zoo._validation import validate_data
+
+    spec = zoo.get(tree.attrs["model"])
+    hyper = spec.default_hyper
+    hyper.update(json.loads(tree.attrs.get("hyperparameters", "{}")))
+    return spec, validate_data(spec, data_of(tree)), hyper
+
+
+def _new_design(spec, data, hyper, X_new, group=None, A=None):
+    """Scaled new inputs and their design rows [1, A, random effects] (zeros for group None or -1)."""
+    from zoo import ssgp
+
+    X_new = np.atleast_2d(np.asarray(X_new, dtype=np.float64))
+    X = np.asarray(data["X"])
+    if X_new.shape[1] != X.shape[1]:
+        raise ValueError(f"X_new: expected {X.shape[1]} columns like the training X, got {X_new.shape[1]}")
+    if not np.all(np.isfinite(X_new)):
+        raise ValueError("X_new: contains NaN/inf values")
+    lo, span = ssgp.input_scaling(X)
+    Xs = (X_new - lo) / span
+    n = Xs.shape[0]
+    cols = [np.ones((n, 1))]
+    if data.get("A") is not None:
+        if A is None:
+            raise ValueError(f"A: the model was fitted with a design matrix A ({data['A'].shape[1]} columns); "
+                             f"pass A for the new points")
+        cols.append(np.asarray(A, dtype=np.float64).reshape(n, -1))
+    if data.get("group") is not None:
+        J = ssgp.n_groups_of(data, hyper)
+        slopes = ssgp.random_slopes(hyper)
+        T = 1 + len(slopes)
+        R = np.zeros((n, J * T))
+        if group is not None:
+            g = np.broadcast_to(np.asarray(group, dtype=np.int64), (n,))
+            if np.any(g >= J) or np.any(g < -1):
+                raise ValueError(f"group: expected indices in 0..{J - 1} (or -1 / None for a new group, i.e. "
+                                 f"without random effect), got values in {int(g.min())}..{int(g.max())}")
+            C = ssgp.re_covariates(Xs, slopes)
+            rows = np.flatnonzero(g >= 0)
+            for t in range(T):
+                R[rows, g[rows] * T + t] = C[rows, t]
+        cols.append(R)
+    return Xs, np.concatenate(cols, axis=1)
+
+
+def predict(tree, X_new, group=None, A=None):
+    """Posterior predictive summaries at new inputs (notes §3.6).
+
+    ``group``: the group of each new point (None or -1: population level, no random effect; a known group
+    adds its random effect). Returns a dict of arrays: ``f_mean``/``f_var`` (the GP part f = Z alpha),
+    ``mean``/``var`` of the linear predictor eta = beta0 + f (+ A beta + random effect), and ``y_var``
+    (LMM: var + E[gamma^2]) or ``prob`` (binary models: P(y = 1); probit Phi(m / sqrt(1 + v)), logit
+    sigma(m / sqrt(1 + pi v / 8)) for VB, the Monte Carlo average over draws for samplers).
+
+    VB trees (with a ``variational_parameters`` group) use the closed forms E[z*]^T mu_alpha and
+    tr(E[z* z*^T] M) - E[f*]^2; other trees (NUTS, SVI) average over their posterior draws."""
+    from zoo import ssgp
+
+    spec, data, hyper = _tree_context(tree)
+    Xs, Arow = _new_design(spec, data, hyper, X_new, group, A)
+    lik = LIKELIHOOD_OF[spec.name]
+    S = ssgp.spectral_points(hyper["m"], Xs.shape[1], hyper["spectral_seed"])
+    m = S.shape[0]
+    if "variational_parameters" in tree.children:
+        q = tree["variational_parameters"].to_dataset()
+        n = Xs.shape[0]
+        cfg = Config(lik, n, m, Xs.shape[1], Arow.shape[1], 0, 0, 1.0, 1.0, 1.0, n, 1)
+        mu_l, Sig_l = jnp.asarray(q["mu_lam"].values), jnp.asarray(q["Sig_lam"].values)
+        mu_a, Sig_a = q["mu_alpha"].values, q["Sig_alpha"].values
+        mu_b, Sig_b, Sig_ab = q["mu_beta"].values, q["Sig_beta"].values, q["Sig_alpha_beta"].values
+        EZ, _ = expectations(cfg, jnp.asarray(Xs), jnp.ones(n), jnp.asarray(S), mu_l, Sig_l)
+        EZ = np.asarray(EZ)
+        Mmat = Sig_a + np.outer(mu_a, mu_a)
+        quad = np.asarray(quad_features(cfg, jnp.asarray(Xs), jnp.asarray(S), mu_l, Sig_l, jnp.asarray(Mmat)))
+        f_mean = EZ @ mu_a
+        f_var = np.maximum(quad - f_mean**2, 0.0)
+        mean = f_mean + Arow @ mu_b
+        var = f_var + np.sum((Arow @ Sig_b) * Arow, 1) + 2.0 * np.sum(EZ * (Arow @ Sig_ab.T), 1)
+        out = {"f_mean": f_mean, "f_var": f_var, "mean": mean, "var": var}
+        if lik == "gaussian":
+            out["y_var"] = var + float(q["E_gamma2"].values)
+        elif lik == "probit":
+            from scipy.special import ndtr
+            out["prob"] = ndtr(mean / np.sqrt(1.0 + var))
+        else:
+            out["prob"] = 1.0 / (1.0 + np.exp(-mean / np.sqrt(1.0 + np.pi * var / 8.0)))
+        return out
+    post = tree["posterior"].to_dataset().stack(sample=("chain", "draw")).transpose("sample", ...)
+    lam, alpha_raw, sigma = post["lam"].values, post["alpha_raw"].values, post["sigma"].values
+    ang = np.einsum("ik,sk,rk->sir", Xs, lam, S)
+    alpha = alpha_raw * (sigma / np.sqrt(m))[:, None]
+    f = np.einsum("sir,sr->si", np.cos(ang), alpha[:, :m]) + np.einsum("sir,sr->si", np.sin(ang), alpha[:, m:])
+    coefs = [post["beta0"].values[:, None]]
+    if "beta" in post:
+        coefs.append(post["beta"].values)
+    if "tau" in post:
+        b = post["b_raw"].values * post["tau"].values[:, None, :]
+        coefs.append(b.reshape(b.shape[0], -1))
+    eta = f + np.concatenate(coefs, axis=1) @ Arow.T
+    out = {"f_mean": f.mean(0), "f_var": f.var(0), "mean": eta.mean(0), "var": eta.var(0)}
+    if lik == "gaussian":
+        out["y_var"] = out["var"] + np.mean(post["gamma"].values ** 2)
+    elif lik == "probit":
+        from scipy.special import ndtr
+        out["prob"] = ndtr(eta).mean(0)
+    else:
+        out["prob"] = (1.0 / (1.0 + np.exp(-eta))).mean(0)
+    return out

@@ -173,7 +173,7 @@ def true_function(x, likelihood="gaussian"):
     return 0.3 + 1.5 * np.sin(2 * np.pi * x1)
 
 
-def _simulate(seed, likelihood, n_groups, per_group, d, tau, slope_sd, gamma):
+def _simulate(seed, likelihood, n_groups, per_group, d, tau, slope_sd, gamma, test_per_group=0):
     rng = np.random.default_rng(seed)
     J = int(n_groups)
     n = J * int(per_group)
@@ -196,25 +196,31 @@ def _simulate(seed, likelihood, n_groups, per_group, d, tau, slope_sd, gamma):
              "hyperparameters": {"random_slopes": (0,) if slope_sd > 0 else ()}}
     if likelihood == "gaussian":
         truth["gamma"] = gamma
+    if test_per_group:  # held-out inputs of the same groups, with their noiseless linear predictor
+        Xt = rng.uniform(0.0, 1.0, size=(J * int(test_per_group), int(d)))
+        gt = np.repeat(np.arange(J), int(test_per_group))
+        eta_t = true_function(Xt, likelihood) + b[gt, 0] + (b[gt, 1] * Xt[:, 0] if slope_sd > 0 else 0.0)
+        truth["test"] = {"X": Xt, "group": gt, "eta": eta_t}
     return data, truth
 
 
-def simulate_lmm(seed, n_groups=10, per_group=20, d=1, tau=0.5, slope_sd=0.0, gamma=0.3):
+def simulate_lmm(seed, n_groups=10, per_group=20, d=1, tau=0.5, slope_sd=0.0, gamma=0.3, test_per_group=0):
     """S-LMM (notes §5.1): J groups x per_group points, x ~ U(0,1)^d, y = 1 + sin 2 pi x1 (+ 0.5 x1 if
-    d = 1) + b_j (+ slope_j x1) + N(0, gamma^2). ``n_groups=40, per_group=10``: S-LMM-J40; ``d=2``: S-ARD."""
-    return _simulate(seed, "gaussian", n_groups, per_group, d, tau, slope_sd, gamma)
+    d = 1) + b_j (+ slope_j x1) + N(0, gamma^2). ``n_groups=40, per_group=10``: S-LMM-J40; ``d=2``: S-ARD.
+    ``test_per_group`` > 0 adds held-out inputs per group to ``truth["test"]`` (X, group, noiseless eta)."""
+    return _simulate(seed, "gaussian", n_groups, per_group, d, tau, slope_sd, gamma, test_per_group)
 
 
-def simulate_logit(seed, n_groups=30, per_group=10, d=1, tau=1.0, slope_sd=0.0):
+def simulate_logit(seed, n_groups=30, per_group=10, d=1, tau=1.0, slope_sd=0.0, test_per_group=0):
     """S-LOGIT-10 (J = 30 x 10; ``n_groups=20, per_group=50`` for S-LOGIT-50): eta = 0.3 + 1.5 sin 2 pi x1
     + b_j, b_j ~ N(0, tau^2), y ~ Bernoulli(logit^-1 eta)."""
-    return _simulate(seed, "logit", n_groups, per_group, d, tau, slope_sd, None)
+    return _simulate(seed, "logit", n_groups, per_group, d, tau, slope_sd, None, test_per_group)
 
 
-def simulate_probit(seed, n_groups=30, per_group=10, d=1, tau=0.7, slope_sd=0.0):
+def simulate_probit(seed, n_groups=30, per_group=10, d=1, tau=0.7, slope_sd=0.0, test_per_group=0):
     """S-PROBIT-10 (J = 30 x 10; ``n_groups=20, per_group=50`` for S-PROBIT-50): eta as in S-LOGIT with
     b_j ~ N(0, tau^2), y ~ Bernoulli(Phi(eta))."""
-    return _simulate(seed, "probit", n_groups, per_group, d, tau, slope_sd, None)
+    return _simulate(seed, "probit", n_groups, per_group, d, tau, slope_sd, None, test_per_group)
 
 
 # --------------------------------------------------------------------------------------------------
