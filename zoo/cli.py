@@ -166,13 +166,7 @@ def run_comparison(spec, methods: list[str], out: Path, seed: int = 0, fresh: bo
 def _write_comparison(spec, trees: dict, out: Path) -> Path:
     import diagnostics
 
-    if hasattr(diagnostics, "report"):
-        return Path(diagnostics.report(spec.name, trees, out / spec.name))
-    ref_name = next(iter(trees))
-    card = diagnostics.scorecard(trees[ref_name], {k: v for k, v in trees.items() if k != ref_name})
-    path = out / spec.name / "scorecard.csv"
-    card.to_csv(path, index=False)
-    return path
+    return Path(diagnostics.report(spec.name, trees, out / spec.name))
 
 
 @app.command()
@@ -215,12 +209,10 @@ def demo(
         typer.echo(f"[{i}/{len(names)}] {name}: {', '.join(spec.methods)}")
         trees = run_comparison(spec, list(spec.methods), out, seed, fresh)
         pages[name] = _write_comparison(spec, trees, out)
-    index = out / "index.html"
     import diagnostics
 
-    if hasattr(diagnostics, "report_index"):
-        index = Path(diagnostics.report_index(pages, out))
-    typer.echo(f"demo finished in {time.time() - t0:.0f} s; open {index.resolve() if index.exists() else out}")
+    index = Path(diagnostics.report_index(pages, out))
+    typer.echo(f"demo finished in {time.time() - t0:.0f} s; open {index.resolve()}")
 
 
 @app.command()
