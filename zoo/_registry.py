@@ -132,7 +132,7 @@ class ModelSpec:
 
 
 # Model modules in zoo/ that register specs; imported on first registry access.
-MODEL_MODULES: tuple[str, ...] = ("hlcr", "ssgp", "bpca")
+MODEL_MODULES: tuple[str, ...] = ("hlcr", "ssgp", "bpca", "mppca", "gp_alps")
 
 _REGISTRY: dict[str, ModelSpec] = {}
 _loaded = False
