@@ -1,0 +1,516 @@
+"""FedHLCR: federated collapsed Gibbs for HLCR (paper §5, Algorithm 3, corrected per notes §3.6 and §4 E5-E8).
+
+Every agent keeps its events, its pair labels z_ij, its entity ids and its per-pair statistics. One round t:
+
+1. the server broadcasts the cluster statistics of round t-1 (notes §3.6): D_k = I/delta^2 + Dbar_k (K, F, F),
+   c_k (K, F), smoothed label counts N^(k) (K,) (gap G1: eq. 2 needs them, the paper never sends them),
+   log psi (K,) and the number of server updates so far;
+2. each participating agent re-samples its own labels in one sequential sweep over its pairs (``local_step``):
+
+       log p(z_ij = k | .) = log prior_k + logZ(D_k + G_ij/s^2, c_k + g_ij/s^2) - logZ(D_k, c_k) + const_ij
+
+   (the normaliser-ratio form of the corrected Theorem 1, erratum E1, shared with the centralised kernel via
+   ``inference.hlcr_common``), prior ``"exact"`` log(N_i^(k) + beta psi_k) (notes P1) or ``"paper"`` eq. (2)
+   log(N_i^(k) + beta (N^(k) + alpha/K) / (N + alpha)); the agent counts N_i^(k) exclude the pair and follow the
+   agent's own sweep (gap G2). Two variants:
+
+   * ``leave_own_out=False`` (the paper's Algorithm 3, erratum E8): (D, c, N) are the broadcast values, fixed
+     during the sweep; the pair's own data sits in its previous cluster's statistics and is used again;
+   * ``leave_own_out=True`` (gap G4): the agent subtracts its own effective contribution from the broadcast
+     (which it can track exactly: see ``AgentState``) and adds its current labels' sums back, updating them
+     pair by pair, so it samples from the exact collapsed conditional given the other agents' statistics.
+     One agent, full participation, gamma = 1: exactly the centralised sweep of ``inference.hlcr_gibbs``.
+
+3. the agent uploads per-cluster sums of its pairs (erratum E7: per pair X^T X, not per event): D_i^(k) =
+   sum_{z_ij = k} G_ij / s^2 (K, F, F), c_i^(k) (K, F), counts N_i^(k) (K,) and Antoniak table counts m_ik (K,)
+   for the psi update (notes P1); optional Gaussian noise of sd ``dp_noise_scale`` on D_i (symmetrised) and c_i;
+4. the server (``aggregate``) sums the uploads of the active agents S and smooths with learning rate gamma
+   (Algorithm 3 line 13): Dbar <- (1 - gamma) Dbar + gamma S_D, the same for c, N and m (the first,
+   initialisation round takes S as is); no active agent: nothing changes. It draws
+   psi ~ Dir(alpha/K + m) (notes P1) and broadcasts.
+
+Partial participation (a fraction of agents chosen by the server per round) and dropouts (a chosen agent
+whose upload never arrives: its state does not advance) are the runner's ``participation`` mask. As in the
+paper (notes G3), the sums are not rescaled by the participation fraction.
+
+What crosses agent -> server: only arrays indexed by cluster ((K, F, F), (K, F), (K,)); plus, for the driver's
+monitoring only, three per-agent scalars/vectors (n_changed, sum of pair constants, counts) (``report``).
+The run records both channels (``inference.distributed.audit``) in the fit's attributes.
+
+Initialisation (round 0): every agent draws z ~ U{1..K} (or takes ``z_init``) and uploads its sums; the server
+takes their sum as is (Algorithm 3's "t == 1" branch; its own first round against H = delta^2 I is a draw
+from the prior, i.e. a random initialisation too).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from inference._methods import Draws, FitContext, register_method
+from inference.distributed.audit import audited, message_spec
+from inference.distributed.inprocess import run_inprocess
+from inference.distributed.protocol import Protocol
+from inference.hlcr_common import log_normaliser, log_prior_labels, prior_logits, sample_log_dirichlet
+from zoo.hlcr import LOG_2PI, pair_statistics, pair_structure, resolve_hyper
+
+PRIORS = ("exact", "paper")
+RUNNERS = ("inprocess", "ray")
+
+
+# --------------------------------------------------------------------------------------------------
+# Agents' private data (one shard per agent; pairs padded to the largest agent, with a mask)
+# --------------------------------------------------------------------------------------------------
+
+class Shard(NamedTuple):
+    """One agent's private data: per-pair statistics of its P (padded) pairs. Never sent anywhere.
+
+    Gs: G_ij / s^2 (P, F, F); gs: g_ij / s^2 (P, F); const: -n_ij/2 log(2 pi s^2) - q_ij/(2 s^2) (P,);
+    mask: real pair (P,) bool (padding has zero statistics); z0: initial labels (P,) (-1: draw at random)."""
+
+    Gs: jax.Array
+    gs: jax.Array
+    const: jax.Array
+    mask: jax.Array
+    z0: jax.Array
+
+
+def check_agents(agents, F: int | None = None) -> int:
+    """Bad-input checks of per-agent datasets (before any round): every agent has events, every agent's
+    ``X`` is (n_i, F) with the same F, y and entity match. Returns F."""
+    if not isinstance(agents, list | tuple) or len(agents) == 0:
+        raise ValueError("agents: expected a non-empty list of per-agent dicts with X, y, entity")
+    for i, a in enumerate(agents):
+        for k in ("X", "y", "entity"):
+            if k not in a:
+                raise ValueError(f"agents[{i}]: missing {k!r} (each agent needs X, y, entity)")
+        X = np.asarray(a["X"])
+        if X.ndim != 2:
+            raise ValueError(f"agents[{i}]['X']: expected a 2-D array (events, F), got shape {X.shape}")
+        if X.shape[0] == 0:
+            raise ValueError(f"agents[{i}]: agent has no data (0 events); drop it or give it events")
+        if F is None:
+            F = X.shape[1]
+        if X.shape[1] != F:
+            raise ValueError(f"agents[{i}]['X']: expected F = {F} features (as the other agents), got {X.shape[1]}")
+        if np.shape(a["y"]) != (X.shape[0],) or np.shape(a["entity"]) != (X.shape[0],):
+            raise ValueError(f"agents[{i}]: y and entity must have one entry per row of X ({X.shape[0]})")
+        if not (np.all(np.isfinite(X)) and np.all(np.isfinite(a["y"]))):
+            raise ValueError(f"agents[{i}]: X and y must be finite")
+    return int(F)
+
+
+def make_shards(agents, sigma: float, z_init=None) -> tuple[Shard, np.ndarray]:
+    """Stacked shards (leading agent axis J) from per-agent datasets ``[{X, y, entity}, ...]`` and ``index``
+    (J, P): the position of each (agent, slot) pair in the global pair order (agents in list order, pairs by
+    entity id), -1 for padding. ``z_init``: global labels (E,) or None."""
+    check_agents(agents)
+    stats = []
+    for a in agents:
+        ps = pair_structure(np.zeros(len(a["y"]), np.int64), a["entity"])
+        stats.append(pair_statistics(a["X"], a["y"], ps["pair"], ps["n_pairs"]))
+    J, P, F = len(agents), max(len(s[3]) for s in stats), np.shape(agents[0]["X"])[1]
+    s2 = sigma**2
+    Gs, gs = np.zeros((J, P, F, F)), np.zeros((J, P, F))
+    const, mask, z0 = np.zeros((J, P)), np.zeros((J, P), bool), np.full((J, P), -1, np.int32)
+    index = np.full((J, P), -1, np.int64)
+    start = 0
+    for i, (G, g, q, n) in enumerate(stats):
+        E_i = len(n)
+        Gs[i, :E_i], gs[i, :E_i] = G / s2, g / s2
+        const[i, :E_i] = -0.5 * n * (LOG_2PI + np.log(s2)) - 0.5 * q / s2
+        mask[i, :E_i] = True
+        index[i, :E_i] = start + np.arange(E_i)
+        start += E_i
+    if z_init is not None:
+        z_init = np.asarray(z_init)
+        valid = index >= 0
+        z0[valid] = z_init[index[valid]]
+    return Shard(*(jnp.asarray(v) for v in (Gs, gs, const, mask, z0))), index
+
+
+def split_by_agent(data: dict, num_agents: int | None = None) -> list[dict]:
+    """The simulation's view: the centralised event arrays split into per-agent datasets (agents in sorted id
+    order, so the global pair order equals ``zoo.hlcr.pair_structure``'s). ``num_agents``: agent ids must
+    then lie in 0..num_agents-1 and every one of them must have data."""
+    agent = np.asarray(data["agent"])
+    if num_agents is None:
+        ids = np.unique(agent)
+    else:
+        ids = np.arange(num_agents)
+        if agent.size and agent.max() >= num_agents:
+            raise ValueError(f"num_agents: {num_agents} agents, but data['agent'] holds id {int(agent.max())}")
+        empty = np.setdiff1d(ids, agent)
+        if empty.size:
+            raise ValueError(f"num_agents: agent(s) {empty.tolist()} have no data (no events); every agent must "
+                             f"hold at least one event")
+    return [{k: np.asarray(data[k])[agent == i] for k in ("X", "y", "entity")} for i in ids]
+
+
+# --------------------------------------------------------------------------------------------------
+# The protocol
+# --------------------------------------------------------------------------------------------------
+
+class Config(NamedTuple):
+    K: int
+    F: int
+    alpha: float
+    beta: float
+    delta: float
+    gamma: float
+    leave_own_out: bool
+    prior: str
+    dp_noise_scale: float
+
+
+class AgentState(NamedTuple):
+    """An agent's private state. ``own_*``: its effective contribution to the server's smoothed statistics
+    after server update ``t_own`` (its upload U enters as gamma U and then decays by (1 - gamma) per server
+    update, so at update t it is (1 - gamma)^(t - t_own) own; needed by ``leave_own_out``)."""
+
+    z: jax.Array          # (P,) labels
+    own_D: jax.Array      # (K, F, F)
+    own_c: jax.Array      # (K, F)
+    own_n: jax.Array      # (K,)
+    t_own: jax.Array      # () int
+    n_changed: jax.Array  # () labels changed in the last sweep
+
+
+class ServerState(NamedTuple):
+    """Smoothed sums over agents (prior not included), psi, number of updates applied (t = 0 after the
+    initialisation round, -1 before), and the server's key (for the psi draw)."""
+
+    D: jax.Array
+    c: jax.Array
+    n: jax.Array
+    m: jax.Array
+    log_psi: jax.Array
+    t: jax.Array
+    key: jax.Array
+
+
+def _upload(z, shard: Shard, cfg: Config, m, key):
+    """Per-cluster sums of the agent's pairs (the FedHLCR message), optionally with Gaussian noise."""
+    K = cfg.K
+    D = jax.ops.segment_sum(shard.Gs, z, num_segments=K)       # padding has zero statistics
+    c = jax.ops.segment_sum(shard.gs, z, num_segments=K)
+    n = jax.ops.segment_sum(shard.mask.astype(D.dtype), z, num_segments=K)
+    if cfg.dp_noise_scale > 0:
+        kD, kc = jax.random.split(key)
+        eD = jax.random.normal(kD, D.shape) * cfg.dp_noise_scale
+        D = D + (eD + jnp.swapaxes(eD, -1, -2)) / jnp.sqrt(2.0)
+        c = c + jax.random.normal(kc, c.shape) * cfg.dp_noise_scale
+    return {"D": D, "c": c, "n": n, "m": m}
+
+
+def table_counts(key, z, mask, log_psi, beta, K):
+    """Antoniak table counts m_k of one agent (notes P1; as ``hlcr_common.antoniak_table_totals`` for one
+    agent, same random numbers, with padding excluded): the l-th pair (l = 0, 1, ...) of label k opens a
+    table with probability beta psi_k / (beta psi_k + l)."""
+    P = z.shape[0]
+    order = jnp.argsort(z, stable=True)
+    z_sorted = z[order]
+    starts = jnp.searchsorted(z_sorted, z_sorted, side="left")
+    rank = jnp.zeros(P, dtype=jnp.int32).at[order].set((jnp.arange(P) - starts).astype(jnp.int32))
+    bp = beta * jnp.exp(log_psi[z])
+    new = (jax.random.uniform(key, (P,)) < bp / (bp + rank)) & mask
+    return jax.ops.segment_sum(new.astype(jnp.float64), z, num_segments=K)
+
+
+def local_sweep(z, shard: Shard, D, c, logZ, n_cluster, log_psi, gumbel, cfg: Config):
+    """One sequential sweep over the agent's pairs; returns the new labels and the number changed.
+
+    With ``cfg.leave_own_out`` (D, c, n_cluster) include the agent's current labels and are updated pair by
+    pair (exact collapsed conditional: the pair is removed from its cluster first, as in
+    ``hlcr_gibbs._block_pair_update``); otherwise they are the broadcast values, fixed (paper Algorithm 3)."""
+    K = cfg.K
+    ks = jnp.arange(K)
+    n_agent = jax.ops.segment_sum(shard.mask.astype(D.dtype), z, num_segments=K)
+
+    def pair(carry, xs):
+        z, D, c, logZ, n_agent, n_cluster = carry
+        Gs_e, gs_e, const_e, mask_e, gumbel_e, e = xs
+        k0 = z[e]
+        is0 = ks == k0
+        if cfg.leave_own_out:
+            sign = jnp.where(is0, -1.0, 1.0)
+            lz = log_normaliser(D + sign[:, None, None] * Gs_e, c + sign[:, None] * gs_e)
+            logZ_with = jnp.where(is0, logZ, lz)
+            logZ_without = jnp.where(is0, lz, logZ)
+            nc = n_cluster - is0
+        else:
+            logZ_with = log_normaliser(D + Gs_e, c + gs_e)
+            logZ_without = logZ
+            nc = n_cluster
+        logits = prior_logits(n_agent - is0, nc, log_psi, cfg.alpha, cfg.beta, cfg.prior) \
+            + logZ_with - logZ_without + const_e
+        k1 = jnp.where(mask_e, jnp.argmax(logits + gumbel_e), k0).astype(z.dtype)
+        move = (ks == k1).astype(D.dtype) - is0
+        n_agent = n_agent + move
+        if cfg.leave_own_out:
+            D = D + move[:, None, None] * Gs_e
+            c = c + move[:, None] * gs_e
+            logZ = jnp.where(ks == k1, logZ_with, logZ_without)
+            n_cluster = n_cluster + move
+        return (z.at[e].set(k1), D, c, logZ, n_agent, n_cluster), k1 != k0
+
+    P = z.shape[0]
+    xs = (shard.Gs, shard.gs, shard.const, shard.mask, gumbel, jnp.arange(P))
+    (z_new, *_), changed = jax.lax.scan(pair, (z, D, c, logZ, n_agent, n_cluster), xs)
+    return z_new, jnp.sum(changed)
+
+
+def make_protocol(cfg: Config, server_key: jax.Array) -> Protocol:
+    """FedHLCR as a ``local_step``/``aggregate`` protocol (module docstring)."""
+    K, F = cfg.K, cfg.F
+    prior_prec = jnp.eye(F) / cfg.delta**2
+    g = cfg.gamma
+
+    def init(shard: Shard, key):
+        k_z, k_noise = jax.random.split(key)
+        P = shard.mask.shape[0]
+        z = jnp.where(shard.z0 >= 0, shard.z0, jax.random.randint(k_z, (P,), 0, K)).astype(jnp.int32)
+        msg = _upload(z, shard, cfg, jnp.zeros(K), k_noise)
+        st = AgentState(z, msg["D"], msg["c"], msg["n"], jnp.asarray(0), jnp.asarray(0))
+        return st, msg
+
+    def local_step(st: AgentState, shard: Shard, inbox, key):
+        # the same key split as hlcr_gibbs.step (gumbel, tables, psi), so one agent reproduces it exactly;
+        # the third key (the server draws psi) perturbs the upload when dp_noise_scale > 0
+        k_gumbel, k_tables, k_noise = jax.random.split(key, 3)
+        P = shard.mask.shape[0]
+        gumbel = jax.random.gumbel(k_gumbel, (P, K))
+        D, c, n = inbox["D"], inbox["c"], inbox["n"]
+        if cfg.leave_own_out:
+            decay = (1.0 - g) ** (inbox["t"] - st.t_own)
+            mine = _upload(st.z, shard, cfg._replace(dp_noise_scale=0.0), None, None)
+            D = D - decay * st.own_D + mine["D"]
+            c = c - decay * st.own_c + mine["c"]
+            n = n - decay * st.own_n + mine["n"]
+        logZ = log_normaliser(D, c)
+        z, n_changed = local_sweep(st.z, shard, D, c, logZ, n, inbox["log_psi"], gumbel, cfg)
+        m = table_counts(k_tables, z, shard.mask, inbox["log_psi"], cfg.beta, K)
+        msg = _upload(z, shard, cfg, m, k_noise)
+        decay = (1.0 - g) ** (inbox["t"] - st.t_own)
+        own = [(1.0 - g) * decay * o + g * msg[k] for o, k in ((st.own_D, "D"), (st.own_c, "c"), (st.own_n, "n"))]
+        return AgentState(z, *own, inbox["t"] + 1, n_changed), msg
+
+    def init_server(messages, active):
+        return ServerState(jnp.zeros((K, F, F)), jnp.zeros((K, F)), jnp.zeros(K), jnp.zeros(K),
+                           jnp.full(K, -jnp.log(K)), jnp.asarray(-1), server_key)
+
+    def aggregate(server: ServerState, messages, active):
+        w = active.astype(jnp.float64)
+        S = {k: jnp.tensordot(w, messages[k], axes=1) for k in ("D", "c", "n", "m")}
+        first = server.t < 0
+        any_active = jnp.any(active)
+        rate = jnp.where(first, 1.0, jnp.where(any_active, g, 0.0))
+        D = (1 - rate) * server.D + rate * S["D"]
+        if cfg.dp_noise_scale > 0:   # noisy sums can be indefinite: project onto the PSD cone
+            lam, V = jnp.linalg.eigh(0.5 * (D + jnp.swapaxes(D, -1, -2)))
+            D = jnp.einsum("kij,kj,klj->kil", V, jnp.maximum(lam, 0.0), V)
+        c = (1 - rate) * server.c + rate * S["c"]
+        n = (1 - rate) * server.n + rate * S["n"]
+        m = (1 - rate) * server.m + rate * S["m"]
+        t = jnp.where(first | any_active, server.t + 1, server.t)
+        drawn = sample_log_dirichlet(jax.random.fold_in(server.key, t), cfg.alpha / K + m)
+        log_psi = jnp.where(first, server.log_psi, jnp.where(any_active, drawn, server.log_psi))
+        server = ServerState(D, c, n, m, log_psi, t, server.key)
+        J = active.shape[0]
+        bcast = {"D": prior_prec + D, "c": c, "n": n, "log_psi": log_psi, "t": t}
+        return server, jax.tree.map(lambda a: jnp.broadcast_to(a, (J, *jnp.shape(a))), bcast)
+
+    def report(st: AgentState, shard: Shard):
+        n_agent = jax.ops.segment_sum(shard.mask.astype(jnp.float64), st.z, num_segments=K)
+        return {"n_changed": st.n_changed, "const": jnp.sum(jnp.where(shard.mask, shard.const, 0.0)),
+                "n_agent": n_agent}
+
+    def summarize(reports, messages, server: ServerState, active):
+        """Collapsed log joint of every agent's current labels (from their last uploads; exact when
+        dp_noise_scale = 0): log p(y | z) + log p(z | psi) + log Dir(psi), as ``hlcr_gibbs.log_joint``."""
+        from jax.scipy.special import gammaln
+
+        D = prior_prec + messages["D"].sum(0)
+        c = messages["c"].sum(0)
+        ev = jnp.sum(log_normaliser(D, c)) - K * F * jnp.log(cfg.delta) + jnp.sum(reports["const"])
+        a = cfg.alpha / K
+        lp_psi = gammaln(cfg.alpha) - K * gammaln(a) + (a - 1) * jnp.sum(server.log_psi)
+        log_joint = ev + log_prior_labels(reports["n_agent"], server.log_psi, cfg.beta) + lp_psi
+        return {"log_joint": log_joint, "n_changed": jnp.sum(jnp.where(active, reports["n_changed"], 0)),
+                "n_active": jnp.sum(active), "server_updates": server.t}
+
+    return Protocol(init=init, local_step=local_step, aggregate=aggregate, init_server=init_server, report=report,
+                    summarize=summarize, name="fedhlcr")
+
+
+def participation_fn(fraction: float, dropout: float):
+    """The server's per-round choice: ceil(fraction * J) agents uniformly among the alive ones; then each
+    chosen agent's upload is lost with probability ``dropout`` (the agent's state does not advance)."""
+    if fraction >= 1.0 and dropout <= 0.0:
+        return None
+
+    def participation(t, key, alive):
+        J = alive.shape[0]
+        k_sel, k_drop = jax.random.split(key)
+        n_sel = int(np.ceil(fraction * J))
+        score = jnp.where(alive, jax.random.uniform(k_sel, (J,)), 2.0)
+        rank = jnp.argsort(jnp.argsort(score))
+        chosen = (rank < n_sel) & alive
+        return chosen & (jax.random.uniform(k_drop, (J,)) >= dropout)
+
+    return participation
+
+
+# --------------------------------------------------------------------------------------------------
+# Driver: build shards and protocol, run, assemble the result
+# --------------------------------------------------------------------------------------------------
+
+def check_options(o: dict) -> None:
+    """Method-specific option checks (before any round)."""
+    def unit(name, v, lo_open=True):
+        if isinstance(v, bool) or not isinstance(v, int | float) or not np.isfinite(v) or not (0 < v <= 1):
+            raise ValueError(f"{name}: expected a number in (0, 1], got {v!r}")
+
+    unit("gamma", o["gamma"])
+    unit("participation", o["participation"])
+    d = o["dropout"]
+    if isinstance(d, bool) or not isinstance(d, int | float) or not (0 <= d < 1):
+        raise ValueError(f"dropout: expected a probability in [0, 1), got {d!r}")
+    s = o["dp_noise_scale"]
+    if isinstance(s, bool) or not isinstance(s, int | float) or not np.isfinite(s) or s < 0:
+        raise ValueError(f"dp_noise_scale: expected a number >= 0 (0 = off), got {s!r}")
+    if o["prior"] not in PRIORS:
+        raise ValueError(f"prior: expected one of {list(PRIORS)}, got {o['prior']!r}")
+    if o["runner"] not in RUNNERS:
+        raise ValueError(f"runner: expected one of {list(RUNNERS)}, got {o['runner']!r}")
+    if o["on_node_failure"] not in ("raise", "continue"):
+        raise ValueError(f"on_node_failure: expected 'raise' or 'continue', got {o['on_node_failure']!r}")
+    if not isinstance(o["leave_own_out"], bool):
+        raise ValueError(f"leave_own_out: expected True or False, got {o['leave_own_out']!r}")
+
+
+DEFAULTS: dict[str, Any] = {
+    "max_iter": 20, "num_chains": 1, "gamma": 1.0, "participation": 1.0, "dropout": 0.0, "leave_own_out": True,
+    "prior": "exact", "dp_noise_scale": 0.0, "runner": "inprocess", "on_node_failure": "continue", "chunk": 50,
+    "z_init": None, "num_agents": None,
+}
+
+
+def run_federated(agents, hyper: dict, key: jax.Array, *, max_iter: int = 20, gamma: float = 1.0,
+                  participation: float = 1.0, dropout: float = 0.0, leave_own_out: bool = True,
+                  prior: str = "exact", dp_noise_scale: float = 0.0, runner: str = "inprocess",
+                  on_node_failure: str = "continue", chunk: int = 50, z_init=None, progress=None,
+                  callback=None, ray_init: dict | None = None):
+    """Run FedHLCR on per-agent datasets ``agents = [{X, y, entity}, ...]``. Every input is checked before any
+    round. Returns ``(RunResult, index, audit)``: ``index`` (J, P) maps agent slots to global pairs, ``audit``
+    the records of everything that crossed the transport (``uplink``, ``downlink``, ``monitoring``)."""
+    check_options({"gamma": gamma, "participation": participation, "dropout": dropout,
+                   "dp_noise_scale": dp_noise_scale, "prior": prior, "runner": runner,
+                   "on_node_failure": on_node_failure, "leave_own_out": leave_own_out})
+    h = resolve_hyper(hyper)
+    F = check_agents(agents)
+    if z_init is not None:
+        z = np.asarray(z_init)
+        E = sum(len(np.unique(a["entity"])) for a in agents)
+        if z.shape != (E,) or z.min() < 0 or z.max() >= int(h["K"]):
+            raise ValueError(f"z_init: expected {E} labels in 0..{int(h['K']) - 1} (one per pair)")
+    shards, index = make_shards(agents, float(h["sigma"]), z_init)
+    cfg = Config(int(h["K"]), F, float(h["alpha"]), float(h["beta"]), float(h["delta"]), float(gamma),
+                 bool(leave_own_out), prior, float(dp_noise_scale))
+    k_agents, k_server = jax.random.split(key)
+    proto, log = audited(make_protocol(cfg, k_server))
+    part = participation_fn(float(participation), float(dropout))
+    if runner == "ray":
+        from inference.distributed.ray_runner import run_ray
+
+        res = run_ray(proto, shards, k_agents, max_rounds=max_iter, on_node_failure=on_node_failure,
+                      participation=part, callback=callback, progress=progress, ray_init=ray_init)
+    else:
+        res = run_inprocess(proto, shards, k_agents, max_rounds=max_iter, participation=part, chunk=chunk,
+                            progress=progress)
+    audit = log.as_dict()
+    audit["bytes_uploaded_per_round"] = np.asarray(res.history.get("bytes_sent", np.zeros((0, 1)))).sum(1).tolist()
+    audit["message_nbytes"] = int(res.message_nbytes)
+    return res, index, audit
+
+
+def global_labels(res, index) -> np.ndarray:
+    """Every agent's final labels in the global pair order (the simulation's view; in a real deployment the
+    labels never leave the agents)."""
+    z = np.asarray(res.states.z)
+    E = int((index >= 0).sum())
+    out = np.full(E, -1, np.int64)
+    valid = index >= 0
+    out[index[valid]] = z[valid]
+    return out
+
+
+def _check(o: dict) -> None:
+    check_options(o)
+    if o["num_agents"] is not None and (isinstance(o["num_agents"], bool) or not isinstance(o["num_agents"], int)
+                                        or o["num_agents"] < 1):
+        raise ValueError(f"num_agents: expected a positive integer or None, got {o['num_agents']!r}")
+
+
+@register_method("fedgibbs", kind="point", models=("hlcr",), check=_check, options=DEFAULTS)
+def run_fedgibbs(ctx: FitContext) -> Draws:
+    """FedHLCR (paper Algorithm 3, corrected): agents re-sample their own labels against broadcast cluster
+    statistics and upload per-cluster sums; the server sums and smooths them (learning rate ``gamma``).
+
+    Options: ``max_iter`` (rounds), ``num_chains`` (independent restarts; ``attrs['best_chain']`` is the one
+    with the highest final collapsed log joint), ``gamma``, ``participation`` (fraction of agents per
+    round), ``dropout`` (probability a chosen agent's upload is lost), ``leave_own_out`` (notes G4),
+    ``prior`` (``"exact"`` | ``"paper"``), ``dp_noise_scale`` (Gaussian noise on the uploaded sums),
+    ``runner`` (``"inprocess"`` | ``"ray"``), ``on_node_failure`` (Ray: a dead agent actor is dropped
+    (``"continue"``) or stops the run (``"raise"``)), ``z_init`` (initial labels per pair), ``num_agents``.
+    Agents are the data's agent ids. Draws (one per restart): the final labels z, w = D_k^-1 c_k from the
+    server's statistics (Theorem 2's m_k), psi from the server and theta_i = E[theta_i | z, psi]."""
+    o = ctx.options
+    agents = split_by_agent(ctx.data, o["num_agents"])
+    h = resolve_hyper(ctx.hyper)
+    K = int(h["K"])
+    zs, ws, psis, thetas, hist, audits = [], [], [], [], [], []
+    for r in range(o["num_chains"]):
+        res, index, audit = run_federated(
+            agents, h, jax.random.fold_in(ctx.key, r), max_iter=o["max_iter"], gamma=o["gamma"],
+            participation=o["participation"], dropout=o["dropout"], leave_own_out=o["leave_own_out"],
+            prior=o["prior"], dp_noise_scale=o["dp_noise_scale"], runner=o["runner"],
+            on_node_failure=o["on_node_failure"], chunk=o["chunk"], z_init=o["z_init"], progress=o["progress"])
+        z = global_labels(res, index)
+        sv = res.server_state
+        D = np.eye(agents[0]["X"].shape[1]) / h["delta"] ** 2 + np.asarray(sv.D)
+        w = np.linalg.solve(D, np.asarray(sv.c)[..., None])[..., 0]
+        psi = np.exp(np.asarray(sv.log_psi))
+        ps = pair_structure(ctx.data["agent"], ctx.data["entity"])
+        n_agent = np.zeros((ps["n_agents"], K))
+        np.add.at(n_agent, (ps["pair_agent"], z), 1.0)
+        theta = (h["beta"] * psi + n_agent) / (h["beta"] + n_agent.sum(1, keepdims=True))
+        zs.append(z)
+        ws.append(w)
+        psis.append(psi)
+        thetas.append(theta)
+        hist.append(res.history)
+        audits.append(audit)
+    log_joint = np.stack([hh["log_joint"] for hh in hist], 1)           # (iteration, chain)
+    best = int(np.argmax(log_joint[-1]))
+    traces = {"log_joint": log_joint, "n_changed": np.stack([hh["n_changed"] for hh in hist], 1),
+              "n_active": np.stack([hh["n_active"] for hh in hist], 1),
+              "bytes_uploaded": np.stack([hh["bytes_sent"].sum(1) for hh in hist], 1)}
+    post = {"z": np.stack(zs)[:, None], "w": np.stack(ws)[:, None], "psi": np.stack(psis)[:, None],
+            "theta": np.stack(thetas)[:, None]}
+    a0 = audits[0]
+    attrs = {"best_chain": best, "rounds": int(len(log_joint)), "num_agents": len(agents),
+             "protocol_audit": json.dumps({k: a0[k] for k in ("uplink", "downlink", "monitoring", "message_nbytes")}),
+             "bytes_uploaded_total": int(sum(sum(a["bytes_uploaded_per_round"]) for a in audits)),
+             "gamma": float(o["gamma"]), "participation": float(o["participation"]), "dropout": float(o["dropout"]),
+             "leave_own_out": int(o["leave_own_out"]), "dp_noise_scale": float(o["dp_noise_scale"])}
+    return Draws(posterior=post, traces=traces, dims={k: ["iteration", "chain"] for k in traces}, attrs=attrs)
+
+
+__all__ = ["AgentState", "Config", "ServerState", "Shard", "check_agents", "global_labels", "local_sweep",
+           "make_protocol", "make_shards", "message_spec", "participation_fn", "run_federated", "split_by_agent",
+           "table_counts"]
