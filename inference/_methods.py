@@ -37,7 +37,7 @@ SHARED_OPTION_CONSTRAINTS: dict[str, str] = {
 COMMON_OPTIONS: dict[str, Any] = {"progress": None}
 
 KERNEL_MODULES: tuple[str, ...] = ("inference.hlcr_gibbs", "inference.ssgp_vb", "inference.bpca_vb",
-                                   "inference.bpca_dppca", "inference.hlcr_fed")
+                                   "inference.bpca_dppca", "inference.hlcr_fed", "inference.gp_alps_vb")
 
 
 @dataclasses.dataclass(frozen=True)
