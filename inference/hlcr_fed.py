@@ -190,6 +190,7 @@ class ServerState(NamedTuple):
     m: jax.Array
     log_psi: jax.Array
     t: jax.Array
+    gamma: jax.Array      # () learning rate (runtime value, so one compilation serves every gamma)
     key: jax.Array
 
 
@@ -268,14 +269,14 @@ def make_protocol(cfg: Config, server_key: jax.Array) -> Protocol:
     """FedHLCR as a ``local_step``/``aggregate`` protocol (module docstring)."""
     K, F = cfg.K, cfg.F
     prior_prec = jnp.eye(F) / cfg.delta**2
-    g = cfg.gamma
+    i32 = jnp.int32
 
     def init(shard: Shard, key):
         k_z, k_noise = jax.random.split(key)
         P = shard.mask.shape[0]
         z = jnp.where(shard.z0 >= 0, shard.z0, jax.random.randint(k_z, (P,), 0, K)).astype(jnp.int32)
         msg = _upload(z, shard, cfg, jnp.zeros(K), k_noise)
-        st = AgentState(z, msg["D"], msg["c"], msg["n"], jnp.asarray(0), jnp.asarray(0))
+        st = AgentState(z, msg["D"], msg["c"], msg["n"], jnp.zeros((), i32), jnp.zeros((), i32))
         return st, msg
 
     def local_step(st: AgentState, shard: Shard, inbox, key):
@@ -284,9 +285,9 @@ def make_protocol(cfg: Config, server_key: jax.Array) -> Protocol:
         k_gumbel, k_tables, k_noise = jax.random.split(key, 3)
         P = shard.mask.shape[0]
         gumbel = jax.random.gumbel(k_gumbel, (P, K))
-        D, c, n = inbox["D"], inbox["c"], inbox["n"]
+        D, c, n, g = inbox["D"], inbox["c"], inbox["n"], inbox["gamma"]
+        decay = (1.0 - g) ** (inbox["t"] - st.t_own)   # own upload's weight now, relative to when it entered
         if cfg.leave_own_out:
-            decay = (1.0 - g) ** (inbox["t"] - st.t_own)
             mine = _upload(st.z, shard, cfg._replace(dp_noise_scale=0.0), None, None)
             D = D - decay * st.own_D + mine["D"]
             c = c - decay * st.own_c + mine["c"]
@@ -295,20 +296,20 @@ def make_protocol(cfg: Config, server_key: jax.Array) -> Protocol:
         z, n_changed = local_sweep(st.z, shard, D, c, logZ, n, inbox["log_psi"], gumbel, cfg)
         m = table_counts(k_tables, z, shard.mask, inbox["log_psi"], cfg.beta, K)
         msg = _upload(z, shard, cfg, m, k_noise)
-        decay = (1.0 - g) ** (inbox["t"] - st.t_own)
         own = [(1.0 - g) * decay * o + g * msg[k] for o, k in ((st.own_D, "D"), (st.own_c, "c"), (st.own_n, "n"))]
-        return AgentState(z, *own, inbox["t"] + 1, n_changed), msg
+        return AgentState(z, *own, (inbox["t"] + 1).astype(i32), n_changed.astype(i32)), msg
 
     def init_server(messages, active):
         return ServerState(jnp.zeros((K, F, F)), jnp.zeros((K, F)), jnp.zeros(K), jnp.zeros(K),
-                           jnp.full(K, -jnp.log(K)), jnp.asarray(-1), server_key)
+                           jnp.full(K, -jnp.log(K)), -jnp.ones((), i32), jnp.asarray(cfg.gamma, jnp.float64),
+                           server_key)
 
     def aggregate(server: ServerState, messages, active):
         w = active.astype(jnp.float64)
         S = {k: jnp.tensordot(w, messages[k], axes=1) for k in ("D", "c", "n", "m")}
         first = server.t < 0
         any_active = jnp.any(active)
-        rate = jnp.where(first, 1.0, jnp.where(any_active, g, 0.0))
+        rate = jnp.where(first, 1.0, jnp.where(any_active, server.gamma, 0.0))
         D = (1 - rate) * server.D + rate * S["D"]
         if cfg.dp_noise_scale > 0:   # noisy sums can be indefinite: project onto the PSD cone
             lam, V = jnp.linalg.eigh(0.5 * (D + jnp.swapaxes(D, -1, -2)))
@@ -316,17 +317,17 @@ def make_protocol(cfg: Config, server_key: jax.Array) -> Protocol:
         c = (1 - rate) * server.c + rate * S["c"]
         n = (1 - rate) * server.n + rate * S["n"]
         m = (1 - rate) * server.m + rate * S["m"]
-        t = jnp.where(first | any_active, server.t + 1, server.t)
+        t = jnp.where(first | any_active, server.t + 1, server.t).astype(i32)
         drawn = sample_log_dirichlet(jax.random.fold_in(server.key, t), cfg.alpha / K + m)
         log_psi = jnp.where(first, server.log_psi, jnp.where(any_active, drawn, server.log_psi))
-        server = ServerState(D, c, n, m, log_psi, t, server.key)
+        server = ServerState(D, c, n, m, log_psi, t, server.gamma, server.key)
         J = active.shape[0]
-        bcast = {"D": prior_prec + D, "c": c, "n": n, "log_psi": log_psi, "t": t}
+        bcast = {"D": prior_prec + D, "c": c, "n": n, "log_psi": log_psi, "t": t, "gamma": server.gamma}
         return server, jax.tree.map(lambda a: jnp.broadcast_to(a, (J, *jnp.shape(a))), bcast)
 
     def report(st: AgentState, shard: Shard):
         n_agent = jax.ops.segment_sum(shard.mask.astype(jnp.float64), st.z, num_segments=K)
-        return {"n_changed": st.n_changed, "const": jnp.sum(jnp.where(shard.mask, shard.const, 0.0)),
+        return {"n_changed": st.n_changed.astype(i32), "const": jnp.sum(jnp.where(shard.mask, shard.const, 0.0)),
                 "n_agent": n_agent}
 
     def summarize(reports, messages, server: ServerState, active):
@@ -404,9 +405,11 @@ def run_federated(agents, hyper: dict, key: jax.Array, *, max_iter: int = 20, ga
                   participation: float = 1.0, dropout: float = 0.0, leave_own_out: bool = True,
                   prior: str = "exact", dp_noise_scale: float = 0.0, runner: str = "inprocess",
                   on_node_failure: str = "continue", chunk: int = 50, z_init=None, progress=None,
-                  callback=None, ray_init: dict | None = None):
+                  callback=None, ray_init: dict | None = None, server_key: jax.Array | None = None):
     """Run FedHLCR on per-agent datasets ``agents = [{X, y, entity}, ...]``. Every input is checked before any
-    round. Returns ``(RunResult, index, audit)``: ``index`` (J, P) maps agent slots to global pairs, ``audit``
+    round. The runner gets ``k_agents = split(key)[0]`` (agent i's key in round t is
+    ``fold_in(fold_in(k_agents, t), i)``); ``server_key`` (default ``split(key)[1]``) seeds the server's psi
+    draws. Returns ``(RunResult, index, audit)``: ``index`` (J, P) maps agent slots to global pairs, ``audit``
     the records of everything that crossed the transport (``uplink``, ``downlink``, ``monitoring``)."""
     check_options({"gamma": gamma, "participation": participation, "dropout": dropout,
                    "dp_noise_scale": dp_noise_scale, "prior": prior, "runner": runner,
@@ -422,6 +425,7 @@ def run_federated(agents, hyper: dict, key: jax.Array, *, max_iter: int = 20, ga
     cfg = Config(int(h["K"]), F, float(h["alpha"]), float(h["beta"]), float(h["delta"]), float(gamma),
                  bool(leave_own_out), prior, float(dp_noise_scale))
     k_agents, k_server = jax.random.split(key)
+    k_server = k_server if server_key is None else server_key
     proto, log = audited(make_protocol(cfg, k_server))
     part = participation_fn(float(participation), float(dropout))
     if runner == "ray":
@@ -476,7 +480,8 @@ def run_fedgibbs(ctx: FitContext) -> Draws:
     zs, ws, psis, thetas, hist, audits = [], [], [], [], [], []
     for r in range(o["num_chains"]):
         res, index, audit = run_federated(
-            agents, h, jax.random.fold_in(ctx.key, r), max_iter=o["max_iter"], gamma=o["gamma"],
+            agents, h, jax.random.fold_in(ctx.key, r), server_key=jax.random.fold_in(ctx.key, 10**6),
+            max_iter=o["max_iter"], gamma=o["gamma"],
             participation=o["participation"], dropout=o["dropout"], leave_own_out=o["leave_own_out"],
             prior=o["prior"], dp_noise_scale=o["dp_noise_scale"], runner=o["runner"],
             on_node_failure=o["on_node_failure"], chunk=o["chunk"], z_init=o["z_init"], progress=o["progress"])

@@ -1,0 +1,313 @@
+"""FedHLCR (method ``fedgibbs``): notes 000_fedhlcr.md §3.6 and tests D1-D4, C2; issue 4.
+
+Exact oracles where they exist (D1-D3: sums and label paths are identities, compared to rounding, 1e-10);
+C2 is the notes' recovery criterion. Ray tests are ``slow`` + ``ray`` (Ray is an optional extra).
+"""
+
+import zoo  # noqa: F401  (JAX set-up first)
+
+# isort: split
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+import inference
+from inference import hlcr_fed as hf
+from inference import hlcr_gibbs as hg
+from inference.distributed.protocol import node_key
+from inference.hlcr_common import cluster_state, pair_data
+from zoo.hlcr import model_inputs, pair_structure, simulate, split_events
+
+K, F = 3, 2
+HYPER = {"K": K, "alpha": None, "beta": 1.0, "delta": 1.0, "sigma": 0.5}
+ROUNDS = 4          # one round count (and chunk) for the small runs, so they share compilations
+
+
+def small_data(seed=0):
+    data, truth = simulate(seed, n_agents=7, mean_entities=3.0, mean_events=6.0, K=K, F=F, sigma=0.5)
+    return data, truth
+
+
+def centralised_stats(data, z):
+    pdat = pair_data(model_inputs(data, HYPER))
+    D, c, _ = cluster_state(pdat.Gs, pdat.gs, jnp.asarray(z), K, HYPER["delta"])
+    return np.asarray(D), np.asarray(c)
+
+
+@pytest.fixture(scope="module")
+def partial_run():
+    """gamma = 0.5, 50 % participation, 20 % dropout, G4 on: the run several tests inspect."""
+    data, _ = small_data(1)
+    agents = hf.split_by_agent(data)
+    res, index, audit = hf.run_federated(agents, HYPER, jax.random.key(11), max_iter=ROUNDS, chunk=ROUNDS,
+                                         gamma=0.5, participation=0.5, dropout=0.2)
+    return data, agents, res, index, audit
+
+
+# ----------------------------------------------------------------------------------------------
+# D1: federated sums = centralised statistics
+# ----------------------------------------------------------------------------------------------
+
+def test_d1_agent_uploads_sum_to_centralised_cluster_statistics_for_any_partition():
+    data, _ = small_data(0)
+    E = pair_structure(data["agent"], data["entity"])["n_pairs"]
+    z = np.random.default_rng(0).integers(0, K, E)
+    D_c, c_c = centralised_stats(data, z)
+    for n_groups in (1, 3, 7):   # any partition of the pairs into agents: regroup agents
+        d = dict(data)
+        d["agent"] = data["agent"] % n_groups
+        d["entity"] = data["agent"] * 1000 + data["entity"]     # keep pairs distinct after regrouping
+        agents = hf.split_by_agent(d)
+        shards, index = hf.make_shards(agents, HYPER["sigma"])
+        # global pair order of the regrouped data differs: map labels through the (agent, entity) ids
+        ps_new = pair_structure(d["agent"], d["entity"])
+        ps_old = pair_structure(data["agent"], data["entity"])
+        old_of_event_pair = np.zeros(ps_new["n_pairs"], np.int64)
+        old_of_event_pair[ps_new["pair"]] = ps_old["pair"]
+        z_new = z[old_of_event_pair]
+        cfg = hf.Config(K, F, float(K), 1.0, 1.0, 1.0, True, "exact", 0.0)
+        zz = np.zeros(index.shape, np.int32)
+        zz[index >= 0] = z_new[index[index >= 0]]
+        up = jax.vmap(lambda zi, sh, cfg=cfg: hf._upload(zi, sh, cfg, jnp.zeros(K), None))(jnp.asarray(zz), shards)
+        # identity up to rounding of the sums: 1e-10 absolute
+        np.testing.assert_allclose(np.eye(F) + np.asarray(up["D"]).sum(0), D_c, atol=1e-10)
+        np.testing.assert_allclose(np.asarray(up["c"]).sum(0), c_c, atol=1e-10)
+
+
+# ----------------------------------------------------------------------------------------------
+# D2: smoothing keeps the prior and stays PSD
+# ----------------------------------------------------------------------------------------------
+
+def test_d2_smoothed_statistics_are_the_ema_of_the_active_sums_and_stay_psd():
+    gamma = 0.3
+    cfg = hf.Config(K, F, float(K), 1.0, 1.0, gamma, True, "exact", 0.0)
+    proto = hf.make_protocol(cfg, jax.random.key(0))
+    aggregate = proto.aggregate   # eager: three calls, cheaper than a compilation
+    rng = np.random.default_rng(2)
+    J = 5
+
+    def msgs():
+        A = rng.normal(size=(J, K, F, 4))
+        return {"D": jnp.asarray(A @ np.swapaxes(A, -1, -2)), "c": jnp.asarray(rng.normal(size=(J, K, F))),
+                "n": jnp.asarray(rng.integers(0, 4, (J, K)).astype(float)), "m": jnp.ones((J, K))}
+
+    m0 = msgs()
+    active = jnp.asarray([True, False, True, True, False])
+    server = proto.init_server(m0, jnp.ones(J, bool))
+    server, inbox = aggregate(server, m0, jnp.ones(J, bool))      # initialisation: the plain sum
+    np.testing.assert_allclose(np.asarray(inbox["D"][0]) - np.eye(F), np.asarray(m0["D"]).sum(0), atol=1e-12)
+    prev = np.asarray(inbox["D"][0])
+    m1 = msgs()
+    server, inbox = aggregate(server, m1, active)
+    S = np.asarray(m1["D"])[np.asarray(active)].sum(0)
+    new = np.asarray(inbox["D"][0])
+    # D_(t) - I/delta^2 = (1 - gamma)(D_(t-1) - I/delta^2) + gamma S  (notes D2), to rounding 1e-12
+    np.testing.assert_allclose(new - np.eye(F), (1 - gamma) * (prev - np.eye(F)) + gamma * S, atol=1e-12)
+    assert np.linalg.eigvalsh(new - np.eye(F)).min() > -1e-12
+    # a round in which no agent reports changes nothing
+    server2, inbox2 = aggregate(server, msgs(), jnp.zeros(J, bool))
+    np.testing.assert_array_equal(np.asarray(inbox2["D"]), np.asarray(inbox["D"]))
+    assert int(server2.t) == int(server.t)
+
+
+# ----------------------------------------------------------------------------------------------
+# D3: leave-own-out equivalence with the centralised sampler
+# ----------------------------------------------------------------------------------------------
+
+def _one_agent(data):
+    d = dict(data)
+    d["entity"] = pair_structure(data["agent"], data["entity"])["pair"]   # every pair keeps its identity
+    d["agent"] = np.zeros_like(data["agent"])
+    return d
+
+
+def _centralised_path(d, z0, key, rounds, prior):
+    pdat = pair_data(model_inputs(d, HYPER))
+    hyper = hg.make_hyper(HYPER, 1)
+    st = hg.init(jnp.asarray(z0, jnp.int32), pdat, hyper)
+    k_agents, _ = jax.random.split(key)
+    changed = []
+    for t in range(1, rounds + 1):
+        st, info = hg.step(node_key(k_agents, t, 0), st, pdat, hyper, prior=prior)
+        changed.append(int(info.n_changed))
+    return np.asarray(st.z), changed
+
+
+def test_d3_one_agent_full_participation_gamma1_leave_own_out_reproduces_centralised_gibbs_labels_exactly():
+    # weakly informative pairs (2 events, noise 1.0 against sigma = 0.5 in the model): labels keep moving
+    data, _ = simulate(3, n_agents=7, mean_entities=3.0, mean_events=2.0, K=K, F=F, sigma=1.0)
+    d = _one_agent(data)
+    E = pair_structure(d["agent"], d["entity"])["n_pairs"]
+    z0 = np.random.default_rng(4).integers(0, K, E)
+    key = jax.random.key(5)
+    # prior="paper" (Algorithm 2's eq. 2): the labels do not depend on the server's psi draws, so the label
+    # path is a deterministic function of the shared agent keys -> must be IDENTICAL: the final labels and the
+    # number of labels changed in every round (a path that diverged would not re-merge on both)
+    z_central, changed = _centralised_path(d, z0, key, ROUNDS, "paper")
+    res, index, _ = hf.run_federated(hf.split_by_agent(d), HYPER, key, max_iter=ROUNDS, chunk=ROUNDS,
+                                     prior="paper", z_init=z0)
+    z = hf.global_labels(res, index)
+    np.testing.assert_array_equal(z, z_central)
+    np.testing.assert_array_equal(res.history["n_changed"], changed)
+    assert sum(changed) > 0
+    # D1 on the run: after a gamma = 1, full-participation round the server holds the centralised statistics
+    # of that round's labels (to rounding of the sums, 1e-10)
+    D_c, c_c = centralised_stats(d, z)
+    np.testing.assert_allclose(np.eye(F) + np.asarray(res.server_state.D), D_c, atol=1e-10)
+    np.testing.assert_allclose(np.asarray(res.server_state.c), c_c, atol=1e-10)
+    np.testing.assert_allclose(np.asarray(res.server_state.n), np.bincount(z, minlength=K), atol=1e-12)
+
+    # guard against accidental "fixes": without G4 (the paper's Algorithm 3) the pair's own data stays in the
+    # broadcast statistics, the conditionals differ and so does the label path under the same keys
+    res, index, _ = hf.run_federated(hf.split_by_agent(d), HYPER, key, max_iter=ROUNDS, chunk=ROUNDS,
+                                     prior="paper", z_init=z0, leave_own_out=False)
+    assert not (np.array_equal(hf.global_labels(res, index), z_central)
+                and np.array_equal(res.history["n_changed"], changed))
+
+
+def test_leave_own_out_tracks_each_agents_smoothed_contribution_exactly(partial_run):
+    """Under partial participation, dropouts and gamma < 1, the sum over agents of their own tracked
+    contributions (decayed to the server's update count) equals the server's smoothed statistics: G4 removes
+    exactly what the server holds of the agent (to rounding, 1e-10)."""
+    _, _, res, _, _ = partial_run
+    st, sv = res.states, res.server_state
+    decay = (1 - 0.5) ** (int(sv.t) - np.asarray(st.t_own))
+    for own, tot in ((st.own_D, sv.D), (st.own_c, sv.c), (st.own_n, sv.n)):
+        own = np.asarray(own)
+        np.testing.assert_allclose((decay.reshape(-1, *[1] * (own.ndim - 1)) * own).sum(0), np.asarray(tot),
+                                   atol=1e-10)
+
+
+def test_partial_participation_and_dropout_select_the_stated_fraction(partial_run):
+    _, agents, res, _, _ = partial_run
+    J = len(agents)
+    active = res.history["active"]
+    assert active.shape == (ROUNDS, J)
+    # the server picks ceil(0.5 J) agents per round; dropouts (p = 0.2) can only remove some of them
+    assert np.all(active.sum(1) <= np.ceil(0.5 * J))
+    assert np.all(res.history["n_active"] == active.sum(1))
+    np.testing.assert_array_equal(res.history["bytes_sent"], active * res.message_nbytes)
+
+
+# ----------------------------------------------------------------------------------------------
+# D4: protocol audit
+# ----------------------------------------------------------------------------------------------
+
+def test_d4_audit_only_cluster_indexed_arrays_cross_and_nothing_indexed_by_pair_or_event(partial_run):
+    data, agents, res, index, audit = partial_run
+    ps = pair_structure(data["agent"], data["entity"])
+    E, M, P = ps["n_pairs"], len(data["y"]), index.shape[1]
+    # pair-indexed arrays would carry a pair axis (the agents' padded P slots) or the global E / M
+    forbidden = {E, M, P}
+    assert not forbidden & {K, F}, "test data must make pair/event counts distinguishable from K and F"
+    assert audit["uplink"], "the transport was not intercepted"
+    assert set(audit) >= {"uplink", "downlink", "monitoring"}
+    assert {tuple(r["shape"]) for r in audit["uplink"]} <= {(K, F, F), (K, F), (K,)}
+    assert {tuple(r["shape"]) for r in audit["downlink"]} <= {(K, F, F), (K, F), (K,), ()}
+    assert {tuple(r["shape"]) for r in audit["monitoring"]} <= {(K,), ()}
+    for channel in ("uplink", "downlink", "monitoring"):
+        for r in audit[channel]:
+            assert not forbidden & set(r["shape"]), (channel, r)
+    # bytes per round: the active agents times one message K F^2 + K F + 2 K float64
+    assert res.message_nbytes == 8 * (K * F * F + K * F + 2 * K)
+    assert audit["bytes_uploaded_per_round"] == (res.history["active"].sum(1) * res.message_nbytes).tolist()
+    # the same records ahead of any run (eval_shape), and they do not change when an agent holds more pairs
+    proto = hf.make_protocol(hf.Config(K, F, 3.0, 1.0, 1.0, 1.0, True, "exact", 0.0), jax.random.key(0))
+    shard = jax.tree.map(lambda a: a[0], hf.make_shards(agents, 0.5)[0])
+    bigger = jax.tree.map(lambda a: jnp.concatenate([a, a, a]), shard)
+    spec, spec_big = hf.message_spec(proto, shard), hf.message_spec(proto, bigger)
+    assert {tuple(r["shape"]) for r in spec["uplink"]} == {(K, F, F), (K, F), (K,)}
+    assert spec == spec_big
+
+
+# ----------------------------------------------------------------------------------------------
+# C2 and fit()
+# ----------------------------------------------------------------------------------------------
+
+def test_c2_fedgibbs_best_of_3_restarts_reaches_ari_099_within_10_rounds_on_c1_data():
+    """Notes C2 on the C1 data (K=3, F=3, N=64, N_*=4, N_**=20, sigma=0.3, delta=2, 80 % of events), seed 0;
+    all agents, gamma = 1; best of 3 restarts chosen by the final collapsed log joint (a training quantity)."""
+    data, truth = simulate(0, n_agents=64, mean_entities=4.0, mean_events=20.0, K=3, F=3, sigma=0.3, delta=2.0)
+    train, _ = split_events(data, 0.2, seed=0)
+    tree = inference.fit("hlcr", train, "fedgibbs", seed=0, K=3, sigma=0.3, delta=2.0, num_chains=3, max_iter=10)
+    best = int(tree.attrs["best_chain"])
+    z = tree["posterior"]["z"].values[best, 0]
+    z_true = truth["z"]   # every pair keeps >= 1 training event, so the pair order is unchanged
+    assert adjusted_rand_score(z_true, z) >= 0.99
+    lj = tree["sample_stats"]["log_joint"].values
+    assert lj.shape == (10, 3) and np.all(np.isfinite(lj))
+    audit = __import__("json").loads(tree.attrs["protocol_audit"])
+    assert {tuple(r["shape"]) for r in audit["uplink"]} <= {(3, 3, 3), (3, 3), (3,)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad input: errors before any round runs
+# ----------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def no_rounds(monkeypatch):
+    def fail(*a, **k):
+        raise AssertionError("a round ran before the input was checked")
+    monkeypatch.setattr(hf, "run_inprocess", fail)
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"gamma": 0.0}, "gamma"), ({"gamma": 1.5}, "gamma"), ({"participation": 0.0}, "participation"),
+    ({"participation": 1.2}, "participation"), ({"dropout": 1.0}, "dropout"),
+    ({"dp_noise_scale": -1.0}, "dp_noise_scale"), ({"prior": "ALDA"}, "prior"),
+    ({"num_agents": 50}, "no data"),
+])
+def test_bad_options_raise_before_any_round(no_rounds, options, match):
+    data, _ = small_data(0)
+    with pytest.raises(ValueError, match=match):
+        inference.fit("hlcr", data, "fedgibbs", seed=0, **options)
+
+
+def test_bad_agents_raise_before_any_round(no_rounds):
+    data, _ = small_data(0)
+    agents = hf.split_by_agent(data)
+    empty = [*agents, {"X": np.zeros((0, F)), "y": np.zeros(0), "entity": np.zeros(0, int)}]
+    with pytest.raises(ValueError, match=r"agents\[7\]: agent has no data"):
+        hf.run_federated(empty, HYPER, jax.random.key(0))
+    wrong_f = [dict(a) for a in agents]
+    wrong_f[2]["X"] = np.ones((len(wrong_f[2]["y"]), F + 1))
+    with pytest.raises(ValueError, match=r"agents\[2\]\['X'\]: expected F = 2"):
+        hf.run_federated(wrong_f, HYPER, jax.random.key(0))
+    with pytest.raises(ValueError, match="gamma"):
+        hf.run_federated(agents, HYPER, jax.random.key(0), gamma=-0.1)
+    with pytest.raises(ValueError, match="participation"):
+        hf.run_federated(agents, HYPER, jax.random.key(0), participation=2.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Ray runner (optional extra): same labels, a killed agent actor is a dropout
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_ray_runner_gives_the_in_process_labels_and_survives_a_killed_agent():
+    pytest.importorskip("ray")
+    import ray
+
+    data, _ = small_data(2)
+    data = {k: v[np.isin(data["agent"], [0, 1, 2, 3])] for k, v in data.items()}   # 4 actors on 2 cores
+    agents = hf.split_by_agent(data)
+    kw = {"max_iter": ROUNDS, "chunk": ROUNDS, "gamma": 0.5, "participation": 0.75}
+    res_ip, index, _ = hf.run_federated(agents, HYPER, jax.random.key(7), **kw)
+    res_ray, index_r, audit = hf.run_federated(agents, HYPER, jax.random.key(7), runner="ray", **kw)
+    np.testing.assert_array_equal(hf.global_labels(res_ray, index_r), hf.global_labels(res_ip, index))
+    np.testing.assert_allclose(np.asarray(res_ray.server_state.D), np.asarray(res_ip.server_state.D), atol=1e-10)
+    assert {tuple(r["shape"]) for r in audit["uplink"]} <= {(K, F, F), (K, F), (K,)}
+
+    def kill(t, run):
+        if t == 2:
+            ray.kill(run.actors[1])
+
+    res, _, _ = hf.run_federated(agents, HYPER, jax.random.key(7), runner="ray", callback=kill,
+                                 on_node_failure="continue", max_iter=ROUNDS)
+    assert res.rounds == ROUNDS
+    assert [f[1] for f in res.failures] == [1] and not res.alive[1]
+    assert not res.history["active"][2:, 1].any() and res.history["active"][2:, [0, 2, 3]].all()
+    assert np.all(np.isfinite(res.history["log_joint"]))
