@@ -232,12 +232,12 @@ def events_by_pair(X, y, pair, n_pairs) -> Events:
 
 def run(key, pdat: PairData, hyper: Hyper, *, num_warmup: int, num_samples: int, num_chains: int = 1,
         thinning: int = 1, prior: str = "exact", kernel: str = "block", events: Events | None = None,
-        z_init=None, progress=None, chunk: int = 50):
+        z_init=None, progress=None, chunk: int = 100):
     """Run ``num_chains`` chains (vectorised) for ``num_warmup`` + ``num_samples * thinning`` sweeps.
 
     Returns (posterior dict with leading (chain, draw) axes: z, w, psi, theta; stats dict)."""
     E = pdat.gs.shape[0]
-    k_init, k_warm, k_samp = jax.random.split(key, 3)
+    k_init, _, k_samp = jax.random.split(key, 3)
     if z_init is None:
         z0 = jax.random.randint(k_init, (num_chains, E), 0, hyper.K)   # z ~ U{1..K} (Algorithm 2 init)
     else:
@@ -245,27 +245,32 @@ def run(key, pdat: PairData, hyper: Hyper, *, num_warmup: int, num_samples: int,
     state = jax.vmap(lambda z: init(z.astype(jnp.int32), pdat, hyper))(z0)
     sweep = jax.vmap(lambda k, s: step(k, s, pdat, hyper, prior, kernel, events))
 
-    if num_warmup > 0:
-        keys = jax.random.split(k_warm, (num_warmup, num_chains))
-        state, _ = scan_with_progress(lambda s, k: (sweep(k, s)[0], None), state, keys, length=num_warmup,
-                                      chunk=chunk, progress=progress, desc="hlcr gibbs warm-up")
-
-    def saved(s, k):
-        ks = jax.random.split(k, (thinning + 1, num_chains))
-        info = None
-        for t in range(thinning):
-            s, info = sweep(ks[t], s)
-        w, theta = jax.vmap(lambda kk, st: draw_parameters(kk, st, hyper))(ks[-1], s)
+    def one(s, k):
+        # every sweep also draws (w, theta) from their conditionals; warm-up and thinned-out sweeps are
+        # dropped afterwards. One scan body for warm-up and sampling = one compilation (the sweep is what
+        # costs compile time; the extra conditional draws are O(K F^3 + N K) per sweep).
+        k_sweep, k_par = jax.random.split(k)
+        s, info = sweep(jax.random.split(k_sweep, num_chains), s)
+        w, theta = jax.vmap(lambda kk, st: draw_parameters(kk, st, hyper))(jax.random.split(k_par, num_chains), s)
         return s, {"z": s.z, "w": w, "psi": jnp.exp(s.log_psi), "theta": theta,
                    "log_joint_collapsed": info.log_joint, "n_changed": info.n_changed}
 
-    keys = jax.random.split(k_samp, num_samples)
-    state, out = scan_with_progress(saved, state, keys, length=num_samples, chunk=chunk, progress=progress,
-                                    desc="hlcr gibbs")
+    total = num_warmup + num_samples * thinning
+    keys = jax.random.split(k_samp, total)
+    state, out = scan_with_progress(one, state, keys, length=total, chunk=_divisor_chunk(total, chunk),
+                                    progress=progress, desc="hlcr gibbs")
+    keep = np.arange(num_warmup + thinning - 1, total, thinning)
+    out = {k: v[keep] for k, v in out.items()}
     out = {k: jnp.swapaxes(v, 0, 1) for k, v in out.items()}   # (draw, chain, ...) -> (chain, draw, ...)
     posterior = {k: out[k] for k in ("z", "w", "psi", "theta")}
     stats = {k: out[k] for k in ("log_joint_collapsed", "n_changed")}
     return posterior, stats, state
+
+
+def _divisor_chunk(total: int, chunk: int) -> int:
+    """The largest divisor of ``total`` not above ``chunk`` (so every scan chunk has the same length and
+    compiles once)."""
+    return max(d for d in range(1, min(chunk, total) + 1) if total % d == 0)
 
 
 def _check(options: dict) -> None:
