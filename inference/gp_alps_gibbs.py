@@ -1,0 +1,176 @@
+"""Gibbs samplers for GP-ALPS (paper App. C, corrected; notes §3.3-§3.4), in weight space x_j = F_j u_j.
+
+One sweep (``collapsed=False``, the paper's uncollapsed sampler with erratum E3 fixed), per latent j in
+turn with R_i^(-j) = y_i - sum_{k != j} H_ik b_k x_k and tau_i = 1 / sigma2_i:
+
+ * b_j | X, H, b_-j, Y (App. C.3): P(b_j = 1) = sigmoid(logit theta_j + c_j),
+   c_j = sum_i tau_i [H_ij x_j^T R_i^(-j) - 1/2 H_ij^2 ||x_j||^2]            (the paper's theta e^c/(e^c + theta)
+   is mis-normalised, E3; ``paper_conditional=True`` reproduces it for the regression test only);
+ * u_j | b_j, H, X_-j, Y: if b_j = 1, N(P_j^-1 F_j^T z_j, P_j^-1) with P_j = I + w_j F_j^T F_j,
+   w_j = sum_i tau_i H_ij^2, z_j = sum_i tau_i H_ij R_i^(-j); else the prior N(0, I). (A per-latent block of
+   the paper's joint C.1 draw: a valid Gibbs scan, and O(r^3) instead of O((mn)^3).)
+
+``collapsed=True`` replaces the two steps by the exact block move G1 (notes §3.4): (b_j, u_j) jointly with
+u_j integrated out of the switch update,
+   log BF_j = 1/2 q^T P_j^-1 q - 1/2 log|P_j|,  q = F_j^T z_j,    b_j ~ Bern(sigmoid(logit theta_j + log BF_j)),
+then u_j from its conditional as above. With V_j diag(lam_j) V_j^T = F_j^T F_j precomputed every solve
+is diagonal (O(r^2) per latent).
+
+Then H | X, b, Y row by row (App. C.2 with E6 fixed): h_i ~ N(S_i D X y_i tau_i, S_i),
+S_i = (I/s + tau_i D X X^T D)^-1; and, when the noise is learned, tau_i ~ Gamma(a0 + n/2, b0 + ||y_i - f_i||^2 / 2)
+(the conjugate step for the model's InvGamma(a0, b0) prior on sigma2_i).
+
+Swap move G3 (``swap=True``): latents with identical kernels are exchangeable, so permuting their whole
+(b_j, H_.j, u_j) at random leaves the target invariant (always accepted). Without it the chain keeps
+whichever duplicate it switched on first (notes §3.4, E12).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from inference._methods import Draws, FitContext, register_method
+from inference.gp_alps_common import Problem, paper_switch_logit, problem, switch_logit
+
+
+class GibbsState(NamedTuple):
+    u: jax.Array      # (m, r)
+    H: jax.Array      # (p, m)
+    b: jax.Array      # (m,) float 0/1
+    tau: jax.Array    # (p,) noise precisions
+
+
+class GibbsInfo(NamedTuple):
+    n_on: jax.Array
+    log_lik: jax.Array
+
+
+def init(key, pb: Problem, learn):
+    m, n, r = pb.F.shape
+    p = pb.Y.shape[1]
+    k1, k2 = jax.random.split(key)
+    tau = jnp.where(learn, 1.0 / (0.1 * jnp.var(pb.Y, axis=0)), 1.0 / pb.sigma2)
+    return GibbsState(u=jax.random.normal(k1, (m, r)), H=jnp.sqrt(pb.s) * jax.random.normal(k2, (p, m)),
+                      b=jnp.ones(m), tau=tau)
+
+
+def _latents(pb, u):
+    return jnp.einsum("jnr,jr->jn", pb.F, u)
+
+
+def step(key, state: GibbsState, pb: Problem, learn, collapsed=True, swap=True, paper_conditional=False):
+    """One sweep: switches and latents per j, then H rows, then noise precisions, then the swap move.
+
+    The flags may be traced booleans (one compilation serves every variant)."""
+    m, n, r = pb.F.shape
+    k_lat, k_h, k_tau, k_swap = jax.random.split(key, 4)
+    tau = state.tau
+    X = _latents(pb, state.u)
+    R0 = pb.Y.T - (state.H * state.b) @ X
+
+    def body(j, carry):
+        st, R = carry
+        kb, ku = jax.random.split(jax.random.fold_in(k_lat, j))
+        Fj, lam, V = pb.F[j], pb.lam[j], pb.V[j]
+        xj = Fj @ st.u[j]
+        hj = st.H[:, j]
+        Rj = R + st.b[j] * hj[:, None] * xj[None, :]
+        w = jnp.sum(tau * hj ** 2)
+        z = jnp.sum((tau * hj)[:, None] * Rj, axis=0)
+        qt = V.T @ (Fj.T @ z)                                          # eigen coordinates of F_j^T z_j
+        prec = 1.0 + w * lam
+        # G1: u_j integrated out of the switch update
+        logit_g1 = pb.logit_theta[j] + 0.5 * jnp.sum(qt ** 2 / prec) - 0.5 * jnp.sum(jnp.log(prec))
+        # App. C.3, corrected (E3) unless paper_conditional
+        c = jnp.sum(tau * (hj * (Rj @ xj) - 0.5 * hj ** 2 * (xj @ xj)))
+        logit_c3 = jnp.where(paper_conditional, paper_switch_logit(pb.logit_theta[j], c),
+                             switch_logit(pb.logit_theta[j], c))
+        logit = jnp.where(collapsed, logit_g1, logit_c3)
+        bj = jax.random.bernoulli(kb, jax.nn.sigmoid(logit)).astype(R.dtype)
+        eps = jax.random.normal(ku, (r,))
+        post = V @ (qt / prec + eps / jnp.sqrt(prec))
+        uj = jnp.where(bj > 0, post, eps)
+        xj_new = Fj @ uj
+        st = st._replace(u=st.u.at[j].set(uj), b=st.b.at[j].set(bj))
+        return st, Rj - bj * hj[:, None] * xj_new[None, :]
+
+    state, R = jax.lax.fori_loop(0, m, body, (state, R0))
+    # H | X, b, Y, row by row (App. C.2 with E6)
+    XD = _latents(pb, state.u) * state.b[:, None]                      # (m, n) = D X
+    G = XD @ XD.T
+    prec = jnp.eye(m)[None] / pb.s + tau[:, None, None] * G[None]      # (p, m, m)
+    L = jnp.linalg.cholesky(prec)
+    rhs = tau[:, None] * (pb.Y.T @ XD.T)                               # (p, m)
+    mean = jax.scipy.linalg.cho_solve((L, True), rhs[..., None])[..., 0]
+    eps = jax.random.normal(k_h, mean.shape)
+    H = mean + jax.scipy.linalg.solve_triangular(jnp.swapaxes(L, 1, 2), eps[..., None], lower=False)[..., 0]
+    resid = pb.Y.T - H @ XD
+    sq = jnp.sum(resid ** 2, axis=1)
+    tau = jnp.where(learn, jax.random.gamma(k_tau, pb.a0 + 0.5 * n, tau.shape) / (pb.b0 + 0.5 * sq), tau)
+    state = state._replace(H=H, tau=tau)
+    state = jax.tree.map(lambda a, b: jnp.where(swap, a, b), _swap(k_swap, state, pb.group), state)
+    log_lik = jnp.sum(0.5 * n * jnp.log(tau / (2 * jnp.pi)) - 0.5 * tau * sq)
+    return state, GibbsInfo(n_on=jnp.sum(state.b), log_lik=log_lik)
+
+
+def _swap(key, state, group):
+    """G3: a uniformly random permutation within every group of identical latents (always accepted)."""
+    m = group.shape[0]
+    score = jax.random.uniform(key, (m,))
+    order_idx = jnp.argsort(group * 2.0 + jnp.arange(m) / m)           # positions, grouped, by index
+    order_rand = jnp.argsort(group * 2.0 + score)                      # members, grouped, at random
+    perm = jnp.zeros(m, dtype=jnp.int32).at[order_idx].set(order_rand.astype(jnp.int32))
+    return state._replace(u=state.u[perm], b=state.b[perm], H=state.H[:, perm])
+
+
+def run_chain(key, pb: Problem, learn, num_warmup, num_samples, collapsed=True, swap=True, paper_conditional=False):
+    """One chain: ``num_warmup + num_samples`` sweeps in one scan; returns the last ``num_samples`` states
+    and infos (one compiled loop, the flags traced)."""
+    k0, ks = jax.random.split(key)
+    state = init(k0, pb, learn)
+    kernel = partial(step, pb=pb, learn=learn, collapsed=collapsed, swap=swap, paper_conditional=paper_conditional)
+    _, (states, infos) = jax.lax.scan(lambda s, k: (lambda o: (o[0], (o[0], o[1])))(kernel(k, s)), state,
+                                      jax.random.split(ks, num_warmup + num_samples))
+    return jax.tree.map(lambda a: a[num_warmup:], (states, infos))
+
+
+@partial(jax.jit, static_argnames=("num_chains", "num_warmup", "num_samples"))
+def _run_compiled(key, pb, learn, num_chains, num_warmup, num_samples, collapsed, swap, paper_conditional):
+    keys = jax.random.split(key, num_chains)
+    return jax.vmap(lambda k: run_chain(k, pb, learn, num_warmup, num_samples, collapsed, swap,
+                                        paper_conditional))(keys)
+
+
+def run(key, pb, learn, num_chains=2, num_warmup=1000, num_samples=2000, collapsed=True, swap=True,
+        paper_conditional=False):
+    """``num_chains`` chains (vmapped); returns (GibbsState, GibbsInfo) with leading (chain, draw) axes."""
+    return _run_compiled(key, pb, jnp.asarray(bool(learn)), num_chains, num_warmup, num_samples,
+                         jnp.asarray(bool(collapsed)), jnp.asarray(bool(swap)), jnp.asarray(bool(paper_conditional)))
+
+
+def _check(options):
+    for k in ("collapsed", "swap"):
+        if not isinstance(options[k], bool):
+            raise ValueError(f"{k}: expected True or False, got {options[k]!r}")
+
+
+@register_method("gibbs", kind="sampler", models=("gp_alps",), check=_check, options={
+    "num_warmup": 1000, "num_samples": 2000, "num_chains": 2, "collapsed": True, "swap": True,
+})
+def run_gibbs(ctx: FitContext) -> Draws:
+    """Gibbs sampler over (b, u, H, sigma2): collapsed G1 switch moves (default) or the paper's App. C
+    uncollapsed sweep with the corrected Bernoulli conditional (E3), plus the G3 swap move."""
+    o = ctx.options
+    pb, learn = problem(ctx)
+    (states, infos) = run(ctx.key, pb, learn, o["num_chains"], o["num_warmup"], o["num_samples"], o["collapsed"],
+                          o["swap"])
+    post = {"u": np.asarray(states.u), "H": np.asarray(states.H), "b": np.asarray(states.b).astype(np.int8)}
+    if learn:
+        post["sigma2"] = 1.0 / np.asarray(states.tau)
+    stats = {"n_on": np.asarray(infos.n_on), "log_lik_given_b": np.asarray(infos.log_lik)}
+    return Draws(posterior=post, sample_stats=stats, dims={"b": ["latent"]})
