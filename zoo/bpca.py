@@ -336,6 +336,7 @@ SPEC = register(ModelSpec(
                   "vbem": {"M": 2},
                   "badmm": {"M": 2},
                   "dppca": {"M": 2}},
-    reference_options={"num_warmup": 1000, "num_samples": 2000, "num_chains": 2, "M": 2},
+    reference_options={"num_warmup": 1000, "num_samples": 2000, "num_chains": 2, "thinning": 4,
+                       "dense_mass": True, "M": 2},
     reference_datasets=reference_datasets,
 ))
