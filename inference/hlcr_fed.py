@@ -34,7 +34,8 @@ whose upload never arrives: its state does not advance) are the runner's ``parti
 paper (notes G3), the sums are not rescaled by the participation fraction.
 
 What crosses agent -> server: only arrays indexed by cluster ((K, F, F), (K, F), (K,)); plus, for the driver's
-monitoring only, three per-agent scalars/vectors (n_changed, sum of pair constants, counts) (``report``).
+monitoring only, a few per-agent scalars and (K,) vectors (labels changed, sum of pair constants, label counts, held-out
+squared error and count) (``report``).
 The run records both channels (``inference.distributed.audit``) in the fit's attributes.
 
 Initialisation (round 0): every agent draws z ~ U{1..K} (or takes ``z_init``) and uploads its sums; the server
@@ -70,13 +71,19 @@ class Shard(NamedTuple):
     """One agent's private data: per-pair statistics of its P (padded) pairs. Never sent anywhere.
 
     Gs: G_ij / s^2 (P, F, F); gs: g_ij / s^2 (P, F); const: -n_ij/2 log(2 pi s^2) - q_ij/(2 s^2) (P,);
-    mask: real pair (P,) bool (padding has zero statistics); z0: initial labels (P,) (-1: draw at random)."""
+    mask: real pair (P,) bool (padding has zero statistics); z0: initial labels (P,) (-1: draw at random);
+    tG, tg, tq, tn: optional held-out events of the same pairs (unscaled X^T X, X^T y, y^T y, count; zeros when
+    absent), for the agents' own evaluation (each reports only its summed squared error and count)."""
 
     Gs: jax.Array
     gs: jax.Array
     const: jax.Array
     mask: jax.Array
     z0: jax.Array
+    tG: jax.Array
+    tg: jax.Array
+    tq: jax.Array
+    tn: jax.Array
 
 
 def check_agents(agents, F: int | None = None) -> int:
@@ -104,19 +111,32 @@ def check_agents(agents, F: int | None = None) -> int:
     return int(F)
 
 
-def make_shards(agents, sigma: float, z_init=None) -> tuple[Shard, np.ndarray]:
+def make_shards(agents, sigma: float, z_init=None, test=None) -> tuple[Shard, np.ndarray]:
     """Stacked shards (leading agent axis J) from per-agent datasets ``[{X, y, entity}, ...]`` and ``index``
     (J, P): the position of each (agent, slot) pair in the global pair order (agents in list order, pairs by
-    entity id), -1 for padding. ``z_init``: global labels (E,) or None."""
-    check_agents(agents)
-    stats = []
-    for a in agents:
+    entity id), -1 for padding. ``z_init``: global labels (E,) or None. ``test``: optional held-out events per
+    agent (same list order); events of entities the agent has no training pair for are ignored."""
+    F = check_agents(agents)
+    if test is not None:
+        if len(test) != len(agents):
+            raise ValueError(f"test: expected one held-out dict per agent ({len(agents)}), got {len(test)}")
+        check_agents([t for t in test if len(t["y"])] or agents, F)
+    stats, tstats = [], []
+    for i, a in enumerate(agents):
         ps = pair_structure(np.zeros(len(a["y"]), np.int64), a["entity"])
         stats.append(pair_statistics(a["X"], a["y"], ps["pair"], ps["n_pairs"]))
+        if test is not None:
+            ents = np.unique(np.asarray(a["entity"]))
+            te = np.asarray(test[i]["entity"])
+            pos = np.searchsorted(ents, te)
+            keep = (pos < len(ents)) & (ents[np.minimum(pos, len(ents) - 1)] == te)
+            tstats.append(pair_statistics(np.asarray(test[i]["X"])[keep].reshape(-1, F),
+                                          np.asarray(test[i]["y"])[keep], pos[keep], len(ents)))
     J, P, F = len(agents), max(len(s[3]) for s in stats), np.shape(agents[0]["X"])[1]
     s2 = sigma**2
     Gs, gs = np.zeros((J, P, F, F)), np.zeros((J, P, F))
     const, mask, z0 = np.zeros((J, P)), np.zeros((J, P), bool), np.full((J, P), -1, np.int32)
+    tG, tg, tq, tn = np.zeros((J, P, F, F)), np.zeros((J, P, F)), np.zeros((J, P)), np.zeros((J, P))
     index = np.full((J, P), -1, np.int64)
     start = 0
     for i, (G, g, q, n) in enumerate(stats):
@@ -126,11 +146,13 @@ def make_shards(agents, sigma: float, z_init=None) -> tuple[Shard, np.ndarray]:
         mask[i, :E_i] = True
         index[i, :E_i] = start + np.arange(E_i)
         start += E_i
+        if tstats:
+            tG[i, :E_i], tg[i, :E_i], tq[i, :E_i], tn[i, :E_i] = tstats[i]
     if z_init is not None:
         z_init = np.asarray(z_init)
         valid = index >= 0
         z0[valid] = z_init[index[valid]]
-    return Shard(*(jnp.asarray(v) for v in (Gs, gs, const, mask, z0))), index
+    return Shard(*(jnp.asarray(v) for v in (Gs, gs, const, mask, z0, tG, tg, tq, tn))), index
 
 
 def split_by_agent(data: dict, num_agents: int | None = None) -> list[dict]:
@@ -149,6 +171,13 @@ def split_by_agent(data: dict, num_agents: int | None = None) -> list[dict]:
             raise ValueError(f"num_agents: agent(s) {empty.tolist()} have no data (no events); every agent must "
                              f"hold at least one event")
     return [{k: np.asarray(data[k])[agent == i] for k in ("X", "y", "entity")} for i in ids]
+
+
+def split_test_like(test: dict, train: dict) -> list[dict]:
+    """Held-out events split like ``split_by_agent(train)`` (agents in sorted id order of the training data)."""
+    ids = np.unique(np.asarray(train["agent"]))
+    agent = np.asarray(test["agent"])
+    return [{k: np.asarray(test[k])[agent == i] for k in ("X", "y", "entity")} for i in ids]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -178,6 +207,7 @@ class AgentState(NamedTuple):
     own_n: jax.Array      # (K,)
     t_own: jax.Array      # () int
     n_changed: jax.Array  # () labels changed in the last sweep
+    sse: jax.Array        # () held-out squared error of the new labels under the broadcast cluster means
 
 
 class ServerState(NamedTuple):
@@ -276,7 +306,7 @@ def make_protocol(cfg: Config, server_key: jax.Array) -> Protocol:
         P = shard.mask.shape[0]
         z = jnp.where(shard.z0 >= 0, shard.z0, jax.random.randint(k_z, (P,), 0, K)).astype(jnp.int32)
         msg = _upload(z, shard, cfg, jnp.zeros(K), k_noise)
-        st = AgentState(z, msg["D"], msg["c"], msg["n"], jnp.zeros((), i32), jnp.zeros((), i32))
+        st = AgentState(z, msg["D"], msg["c"], msg["n"], jnp.zeros((), i32), jnp.zeros((), i32), jnp.zeros(()))
         return st, msg
 
     def local_step(st: AgentState, shard: Shard, inbox, key):
@@ -286,6 +316,7 @@ def make_protocol(cfg: Config, server_key: jax.Array) -> Protocol:
         P = shard.mask.shape[0]
         gumbel = jax.random.gumbel(k_gumbel, (P, K))
         D, c, n, g = inbox["D"], inbox["c"], inbox["n"], inbox["gamma"]
+        w = jnp.linalg.solve(D, c[..., None])[..., 0]             # broadcast cluster means (Theorem 2)
         decay = (1.0 - g) ** (inbox["t"] - st.t_own)   # own upload's weight now, relative to when it entered
         if cfg.leave_own_out:
             mine = _upload(st.z, shard, cfg._replace(dp_noise_scale=0.0), None, None)
@@ -297,7 +328,9 @@ def make_protocol(cfg: Config, server_key: jax.Array) -> Protocol:
         m = table_counts(k_tables, z, shard.mask, inbox["log_psi"], cfg.beta, K)
         msg = _upload(z, shard, cfg, m, k_noise)
         own = [(1.0 - g) * decay * o + g * msg[k] for o, k in ((st.own_D, "D"), (st.own_c, "c"), (st.own_n, "n"))]
-        return AgentState(z, *own, (inbox["t"] + 1).astype(i32), n_changed.astype(i32)), msg
+        W = w[z]                                                   # (P, F) held-out evaluation, local
+        sse = jnp.sum(shard.tq - 2 * jnp.sum(W * shard.tg, -1) + jnp.einsum("pf,pfg,pg->p", W, shard.tG, W))
+        return AgentState(z, *own, (inbox["t"] + 1).astype(i32), n_changed.astype(i32), sse), msg
 
     def init_server(messages, active):
         return ServerState(jnp.zeros((K, F, F)), jnp.zeros((K, F)), jnp.zeros(K), jnp.zeros(K),
@@ -328,7 +361,7 @@ def make_protocol(cfg: Config, server_key: jax.Array) -> Protocol:
     def report(st: AgentState, shard: Shard):
         n_agent = jax.ops.segment_sum(shard.mask.astype(jnp.float64), st.z, num_segments=K)
         return {"n_changed": st.n_changed.astype(i32), "const": jnp.sum(jnp.where(shard.mask, shard.const, 0.0)),
-                "n_agent": n_agent}
+                "n_agent": n_agent, "sse": st.sse, "n_test": jnp.sum(shard.tn)}
 
     def summarize(reports, messages, server: ServerState, active):
         """Collapsed log joint of every agent's current labels (from their last uploads; exact when
@@ -341,7 +374,10 @@ def make_protocol(cfg: Config, server_key: jax.Array) -> Protocol:
         a = cfg.alpha / K
         lp_psi = gammaln(cfg.alpha) - K * gammaln(a) + (a - 1) * jnp.sum(server.log_psi)
         log_joint = ev + log_prior_labels(reports["n_agent"], server.log_psi, cfg.beta) + lp_psi
-        return {"log_joint": log_joint, "n_changed": jnp.sum(jnp.where(active, reports["n_changed"], 0)),
+        n_test = jnp.sum(reports["n_test"])
+        mse = jnp.where(n_test > 0, jnp.sum(reports["sse"]) / jnp.maximum(n_test, 1.0), jnp.nan)
+        return {"log_joint": log_joint, "mse": mse,
+                "n_changed": jnp.sum(jnp.where(active, reports["n_changed"], 0)),
                 "n_active": jnp.sum(active), "server_updates": server.t}
 
     return Protocol(init=init, local_step=local_step, aggregate=aggregate, init_server=init_server, report=report,
@@ -405,12 +441,16 @@ def run_federated(agents, hyper: dict, key: jax.Array, *, max_iter: int = 20, ga
                   participation: float = 1.0, dropout: float = 0.0, leave_own_out: bool = True,
                   prior: str = "exact", dp_noise_scale: float = 0.0, runner: str = "inprocess",
                   on_node_failure: str = "continue", chunk: int = 50, z_init=None, progress=None,
-                  callback=None, ray_init: dict | None = None, server_key: jax.Array | None = None):
+                  callback=None, ray_init: dict | None = None, server_key: jax.Array | None = None,
+                  test=None):
     """Run FedHLCR on per-agent datasets ``agents = [{X, y, entity}, ...]``. Every input is checked before any
     round. The runner gets ``k_agents = split(key)[0]`` (agent i's key in round t is
     ``fold_in(fold_in(k_agents, t), i)``); ``server_key`` (default ``split(key)[1]``) seeds the server's psi
     draws. Returns ``(RunResult, index, audit)``: ``index`` (J, P) maps agent slots to global pairs, ``audit``
-    the records of everything that crossed the transport (``uplink``, ``downlink``, ``monitoring``)."""
+    the records of everything that crossed the transport (``uplink``, ``downlink``, ``monitoring``).
+    ``test``: optional per-agent held-out events (``split_by_agent`` of a test split); the history then has
+    ``mse``, the held-out mean squared error of every agent's latest labels under the cluster means it was
+    sent (each agent reports only its sum of squared errors and its count)."""
     check_options({"gamma": gamma, "participation": participation, "dropout": dropout,
                    "dp_noise_scale": dp_noise_scale, "prior": prior, "runner": runner,
                    "on_node_failure": on_node_failure, "leave_own_out": leave_own_out})
@@ -421,7 +461,7 @@ def run_federated(agents, hyper: dict, key: jax.Array, *, max_iter: int = 20, ga
         E = sum(len(np.unique(a["entity"])) for a in agents)
         if z.shape != (E,) or z.min() < 0 or z.max() >= int(h["K"]):
             raise ValueError(f"z_init: expected {E} labels in 0..{int(h['K']) - 1} (one per pair)")
-    shards, index = make_shards(agents, float(h["sigma"]), z_init)
+    shards, index = make_shards(agents, float(h["sigma"]), z_init, test)
     cfg = Config(int(h["K"]), F, float(h["alpha"]), float(h["beta"]), float(h["delta"]), float(gamma),
                  bool(leave_own_out), prior, float(dp_noise_scale))
     k_agents, k_server = jax.random.split(key)
@@ -518,4 +558,4 @@ def run_fedgibbs(ctx: FitContext) -> Draws:
 
 __all__ = ["AgentState", "Config", "ServerState", "Shard", "check_agents", "global_labels", "local_sweep",
            "make_protocol", "make_shards", "message_spec", "participation_fn", "run_federated", "split_by_agent",
-           "table_counts"]
+           "split_test_like", "table_counts"]
