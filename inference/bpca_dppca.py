@@ -10,13 +10,15 @@ per-edge duals (Lambda for W, gamma for mu, beta for tau), same schedule and run
   tau Lambda_n^-1 W_O^T (x_n - mu)_O, E[z z^T] = Lambda_n^-1 + E[z] E[z]^T (= tau^-1 M^-1 + ..., M = W^T W + I/tau);
 * W row d: [tau sum_{n in O^d} E[z_n z_n^T] + 2 eta k I] w_d = tau sum_{n in O^d} (x_dn - mu_d) E[z_n] - 2 Lambda_d
   + eta sum_j (w_{i,d} + w_{j,d});
-* mu_d = [tau sum_{n in O^d} (x_dn - w_d^T E z_n) - 2 gamma_d + eta sum_j (mu_{i,d} + mu_{j,d})] / (|O^d| tau + 2 eta k);
+* mu_d = [tau sum_{n in O^d} (x_dn - w_d^T E z_n) - 2 gamma_d + eta sum_j (mu_{i,d} + mu_{j,d})]
+  / (|O^d| tau + 2 eta k);
 * tau = positive root of 2 eta k tau^2 + [2 beta - eta sum_j (tau_i + tau_j) + A/2] tau - n_obs/2 = 0 with A the
   expected squared residual over the node's observed entries (n_obs, not N D: erratum E28); when the model's tau is
   fixed (``tau=`` given) it stays fixed.
 
 Messages: D M + D + 1 floats per node (about half of D-MFVI's). The objective monitored (and used by the
-stopping rule, relative change < ``tol`` and consensus residual < ``tol_consensus``) is the sum over nodes of the
+stopping rule, relative change < ``tol`` and consensus residual < ``tol_consensus``, max over edges of
+|W_i - W_j|, |mu_i - mu_j| and |log tau_i - log tau_j|) is the sum over nodes of the
 marginal log-likelihood of the observed entries, log N(x_O; mu_O, W_O W_O^T + I/tau), by Woodbury from the
 E-step. Returns a point estimate (one draw): the node-average W, mu, tau and every row's E[z].
 """
@@ -138,7 +140,8 @@ def make_protocol(graph, *, W0, tau0: float, learn_tau: bool, eta: float, tol: f
         ll_node = reports["loglik"]
         total = jnp.sum(jnp.where(active, ll_node, 0.0))
         if len(graph.edges):
-            P = jnp.concatenate([messages["W"].reshape(J, -1), messages["mu"], messages["tau"][:, None]], 1)
+            P = jnp.concatenate([messages["W"].reshape(J, -1), messages["mu"],
+                                 jnp.log(messages["tau"])[:, None]], 1)   # tau relatively (scale-free)
             both = active[edges[:, 0]] & active[edges[:, 1]]
             res = jnp.max(jnp.where(both, jnp.max(jnp.abs(P[edges[:, 0]] - P[edges[:, 1]]), 1), 0.0))
             Q = jax.vmap(_orth)(messages["W"])

@@ -56,10 +56,11 @@ Schedule: synchronous (every node reads its neighbours' round t-1 parameters); p
 updates its duals/edges with (p_i^{t-1}, p_j^{t-1}), then runs the sweep above with the penalty, then
 broadcasts p_i^t: 2 (D M + D) floats (N3.8). Same seed-derived initial W (orth(randn(D, M))) on every node,
 v = 1, m^mu = 0. Stopping rule (E27): relative change of the summed objective < ``tol`` AND max consensus
-residual max_edges max |p_i - p_j| < ``tol_consensus``. ``adaptive_eta``: residual balancing (Boyd et al.
-2011, sec. 3.4.1) computed by the coordinator from the messages: eta doubles when the primal residual
-exceeds 10 x the dual residual and halves in the opposite case (every 10 rounds, within [eta/100,
-100 eta]); it makes eta a global quantity, so the strict locality of a round no longer holds.
+residual max_edges max |p_i - p_j| < ``tol_consensus`` (p = the message; for q(tau), log E[tau]).
+``adaptive_eta``: residual balancing (Boyd et al. 2011, sec. 3.4.1, with
+Wohlberg's 2017 relative residuals and factor sqrt(r/s) clipped to [1/10, 10]) computed by the coordinator
+from the messages every 10 rounds when the primal and dual residuals differ by more than 10x, eta kept
+within [eta/100, 100 eta]; it makes eta a global quantity, so the strict locality of a round no longer holds.
 
 The centralised sweep IS the node sweep with no neighbours (k = 0, zero duals, c = 1), so ``badmm`` with
 J = 1 reproduces ``vbem`` iterate for iterate (test 3).
@@ -584,7 +585,9 @@ def make_protocol(cfg: Cfg, graph, *, g0: Globals, eta: float, prior_weight: str
         if len(graph.edges):
             P = _flat(messages)
             if learn_tau_cons:
-                P = jnp.concatenate([P, (messages["tau"][:, 0] / messages["tau"][:, 1])[:, None]], 1)
+                # log E[tau]: tau's scale is the data's (1e10 at the cube's sigma = 1e-5), so its disagreement
+                # is measured relatively
+                P = jnp.concatenate([P, jnp.log(messages["tau"][:, 0] / messages["tau"][:, 1])[:, None]], 1)
             both = active[edges[:, 0]] & active[edges[:, 1]]
             res = jnp.max(jnp.where(both, jnp.max(jnp.abs(P[edges[:, 0]] - P[edges[:, 1]]), axis=1), 0.0))
             both_p = active[pairs[:, 0]] & active[pairs[:, 1]]
