@@ -57,7 +57,7 @@ from inference.distributed.audit import audited, message_spec
 from inference.distributed.inprocess import run_inprocess
 from inference.distributed.protocol import Protocol
 from inference.hlcr_common import log_normaliser, log_prior_labels, prior_logits, sample_log_dirichlet
-from zoo.hlcr import LOG_2PI, pair_statistics, pair_structure, resolve_hyper
+from zoo.hlcr import LOG_2PI, SPEC, pair_statistics, pair_structure, resolve_hyper
 
 PRIORS = ("exact", "paper")
 RUNNERS = ("inprocess", "ray")
@@ -454,7 +454,7 @@ def run_federated(agents, hyper: dict, key: jax.Array, *, max_iter: int = 20, ga
     check_options({"gamma": gamma, "participation": participation, "dropout": dropout,
                    "dp_noise_scale": dp_noise_scale, "prior": prior, "runner": runner,
                    "on_node_failure": on_node_failure, "leave_own_out": leave_own_out})
-    h = resolve_hyper(hyper)
+    h = resolve_hyper({**SPEC.default_hyper, **hyper})
     F = check_agents(agents)
     if z_init is not None:
         z = np.asarray(z_init)
