@@ -208,6 +208,7 @@ class AgentState(NamedTuple):
     t_own: jax.Array      # () int
     n_changed: jax.Array  # () labels changed in the last sweep
     sse: jax.Array        # () held-out squared error of the new labels under the broadcast cluster means
+    dp: jax.Array         # () sd of the noise the agent adds to its uploads (runtime value; used if cfg's > 0)
 
 
 class ServerState(NamedTuple):
@@ -224,17 +225,17 @@ class ServerState(NamedTuple):
     key: jax.Array
 
 
-def _upload(z, shard: Shard, cfg: Config, m, key):
-    """Per-cluster sums of the agent's pairs (the FedHLCR message), optionally with Gaussian noise."""
-    K = cfg.K
+def _upload(z, shard: Shard, K: int, m, key=None, scale=None):
+    """Per-cluster sums of the agent's pairs (the FedHLCR message); with ``scale`` (noise sd), Gaussian noise
+    on D (symmetrised: off-diagonal entries get sd ``scale``) and on c."""
     D = jax.ops.segment_sum(shard.Gs, z, num_segments=K)       # padding has zero statistics
     c = jax.ops.segment_sum(shard.gs, z, num_segments=K)
     n = jax.ops.segment_sum(shard.mask.astype(D.dtype), z, num_segments=K)
-    if cfg.dp_noise_scale > 0:
+    if scale is not None:
         kD, kc = jax.random.split(key)
-        eD = jax.random.normal(kD, D.shape) * cfg.dp_noise_scale
+        eD = jax.random.normal(kD, D.shape) * scale
         D = D + (eD + jnp.swapaxes(eD, -1, -2)) / jnp.sqrt(2.0)
-        c = c + jax.random.normal(kc, c.shape) * cfg.dp_noise_scale
+        c = c + jax.random.normal(kc, c.shape) * scale
     return {"D": D, "c": c, "n": n, "m": m}
 
 
@@ -300,13 +301,15 @@ def make_protocol(cfg: Config, server_key: jax.Array) -> Protocol:
     K, F = cfg.K, cfg.F
     prior_prec = jnp.eye(F) / cfg.delta**2
     i32 = jnp.int32
+    noisy = cfg.dp_noise_scale > 0
 
     def init(shard: Shard, key):
         k_z, k_noise = jax.random.split(key)
         P = shard.mask.shape[0]
         z = jnp.where(shard.z0 >= 0, shard.z0, jax.random.randint(k_z, (P,), 0, K)).astype(jnp.int32)
-        msg = _upload(z, shard, cfg, jnp.zeros(K), k_noise)
-        st = AgentState(z, msg["D"], msg["c"], msg["n"], jnp.zeros((), i32), jnp.zeros((), i32), jnp.zeros(()))
+        dp = jnp.asarray(cfg.dp_noise_scale, jnp.float64)
+        msg = _upload(z, shard, K, jnp.zeros(K), k_noise, dp if noisy else None)
+        st = AgentState(z, msg["D"], msg["c"], msg["n"], jnp.zeros((), i32), jnp.zeros((), i32), jnp.zeros(()), dp)
         return st, msg
 
     def local_step(st: AgentState, shard: Shard, inbox, key):
@@ -319,18 +322,18 @@ def make_protocol(cfg: Config, server_key: jax.Array) -> Protocol:
         w = jnp.linalg.solve(D, c[..., None])[..., 0]             # broadcast cluster means (Theorem 2)
         decay = (1.0 - g) ** (inbox["t"] - st.t_own)   # own upload's weight now, relative to when it entered
         if cfg.leave_own_out:
-            mine = _upload(st.z, shard, cfg._replace(dp_noise_scale=0.0), None, None)
+            mine = _upload(st.z, shard, K, None)
             D = D - decay * st.own_D + mine["D"]
             c = c - decay * st.own_c + mine["c"]
             n = n - decay * st.own_n + mine["n"]
         logZ = log_normaliser(D, c)
         z, n_changed = local_sweep(st.z, shard, D, c, logZ, n, inbox["log_psi"], gumbel, cfg)
         m = table_counts(k_tables, z, shard.mask, inbox["log_psi"], cfg.beta, K)
-        msg = _upload(z, shard, cfg, m, k_noise)
+        msg = _upload(z, shard, K, m, k_noise, st.dp if noisy else None)
         own = [(1.0 - g) * decay * o + g * msg[k] for o, k in ((st.own_D, "D"), (st.own_c, "c"), (st.own_n, "n"))]
         W = w[z]                                                   # (P, F) held-out evaluation, local
         sse = jnp.sum(shard.tq - 2 * jnp.sum(W * shard.tg, -1) + jnp.einsum("pf,pfg,pg->p", W, shard.tG, W))
-        return AgentState(z, *own, (inbox["t"] + 1).astype(i32), n_changed.astype(i32), sse), msg
+        return AgentState(z, *own, (inbox["t"] + 1).astype(i32), n_changed.astype(i32), sse, st.dp), msg
 
     def init_server(messages, active):
         return ServerState(jnp.zeros((K, F, F)), jnp.zeros((K, F)), jnp.zeros(K), jnp.zeros(K),
@@ -344,7 +347,7 @@ def make_protocol(cfg: Config, server_key: jax.Array) -> Protocol:
         any_active = jnp.any(active)
         rate = jnp.where(first, 1.0, jnp.where(any_active, server.gamma, 0.0))
         D = (1 - rate) * server.D + rate * S["D"]
-        if cfg.dp_noise_scale > 0:   # noisy sums can be indefinite: project onto the PSD cone
+        if noisy:   # noisy sums can be indefinite: project onto the PSD cone
             lam, V = jnp.linalg.eigh(0.5 * (D + jnp.swapaxes(D, -1, -2)))
             D = jnp.einsum("kij,kj,klj->kil", V, jnp.maximum(lam, 0.0), V)
         c = (1 - rate) * server.c + rate * S["c"]

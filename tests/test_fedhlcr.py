@@ -67,10 +67,9 @@ def test_d1_agent_uploads_sum_to_centralised_cluster_statistics_for_any_partitio
         old_of_event_pair = np.zeros(ps_new["n_pairs"], np.int64)
         old_of_event_pair[ps_new["pair"]] = ps_old["pair"]
         z_new = z[old_of_event_pair]
-        cfg = hf.Config(K, F, float(K), 1.0, 1.0, 1.0, True, "exact", 0.0)
         zz = np.zeros(index.shape, np.int32)
         zz[index >= 0] = z_new[index[index >= 0]]
-        up = jax.vmap(lambda zi, sh, cfg=cfg: hf._upload(zi, sh, cfg, jnp.zeros(K), None))(jnp.asarray(zz), shards)
+        up = jax.vmap(lambda zi, sh: hf._upload(zi, sh, K, jnp.zeros(K)))(jnp.asarray(zz), shards)
         # identity up to rounding of the sums: 1e-10 absolute
         np.testing.assert_allclose(np.eye(F) + np.asarray(up["D"]).sum(0), D_c, atol=1e-10)
         np.testing.assert_allclose(np.asarray(up["c"]).sum(0), c_c, atol=1e-10)
@@ -129,8 +128,9 @@ def _centralised_path(d, z0, key, rounds, prior):
     st = hg.init(jnp.asarray(z0, jnp.int32), pdat, hyper)
     k_agents, _ = jax.random.split(key)
     changed = []
+    step = jax.jit(lambda k, s: hg.step(k, s, pdat, hyper, prior=prior))
     for t in range(1, rounds + 1):
-        st, info = hg.step(node_key(k_agents, t, 0), st, pdat, hyper, prior=prior)
+        st, info = step(node_key(k_agents, t, 0), st)
         changed.append(int(info.n_changed))
     return np.asarray(st.z), changed
 
@@ -189,6 +189,21 @@ def test_partial_participation_and_dropout_select_the_stated_fraction(partial_ru
     assert np.all(active.sum(1) <= np.ceil(0.5 * J))
     assert np.all(res.history["n_active"] == active.sum(1))
     np.testing.assert_array_equal(res.history["bytes_sent"], active * res.message_nbytes)
+
+
+def test_dp_noise_perturbs_the_uploads_and_the_server_keeps_psd_statistics():
+    data, _ = small_data(0)
+    agents = hf.split_by_agent(data)
+    res, index, _ = hf.run_federated(agents, HYPER, jax.random.key(0), max_iter=ROUNDS, chunk=ROUNDS,
+                                     dp_noise_scale=0.5)
+    z = hf.global_labels(res, index)
+    D_c, _ = centralised_stats(data, z)
+    sent = np.eye(F) + np.asarray(res.messages["D"]).sum(0)
+    # the uploads are noisy (J agents x sd 0.5 per entry: far above rounding) ...
+    assert np.abs(sent - D_c).max() > 0.1
+    # ... the server's smoothed statistics stay PSD (eigenvalue projection), so every Cholesky is defined
+    assert np.linalg.eigvalsh(np.asarray(res.server_state.D)).min() > -1e-10
+    assert np.all(np.isfinite(res.history["log_joint"]))
 
 
 # ----------------------------------------------------------------------------------------------
