@@ -325,6 +325,14 @@ PAPER = ("Bruneau, Gelgon & Picarougne, A low-cost variational-Bayes technique f
          "shared/notes/001_vbmppca.md")
 NUTS_PRIORS = {"alpha0": 1.0, "a0": 1.0, "b0": 1.0, "nu0": 0.01, "tau_fixed": 1.0}   # notes T11 (no funnels)
 
+T11_NUTS = {"num_warmup": 1000, "num_samples": 1000, "num_chains": 4, "K": 2, "q": 1, **NUTS_PRIORS}
+
+
+def reference_datasets():
+    """Stored NUTS reference ``t11``: the notes' T11 problem (``simulate_small(0)``), 4 x 1000 draws."""
+    return {"t11": (simulate_small(0)[0], dict(T11_NUTS))}
+
+
 SPEC = register(ModelSpec(
     name="mppca",
     paper=PAPER,
@@ -336,7 +344,7 @@ SPEC = register(ModelSpec(
     simulate=simulate,
     data_fields=(DataField("Y", ("n", "d"), doc="observations (N, d), finite"),),
     hyperparameters=_hypers(True),
-    methods=("nuts", "svi"),
+    methods=("nuts", "svi", "vbem"),
     likelihood_sites=("y",),
     observed_fields=("Y",),
     model_inputs=model_inputs,
@@ -350,6 +358,7 @@ SPEC = register(ModelSpec(
     demo_options={"nuts": {"num_warmup": 300, "num_samples": 300, "K": 4, "q": 2, **NUTS_PRIORS},
                   "svi": {"num_steps": 3000, "K": 4, "q": 2, **NUTS_PRIORS}},
     reference_options={"num_warmup": 500, "num_samples": 1000, "num_chains": 2, "K": 4, "q": 2, **NUTS_PRIORS},
+    reference_datasets=reference_datasets,
 ))
 
 PPCA_SPEC = register(ModelSpec(
@@ -361,7 +370,7 @@ PPCA_SPEC = register(ModelSpec(
     simulate=simulate_ppca,
     data_fields=(DataField("Y", ("n", "d"), doc="observations (N, d), finite"),),
     hyperparameters=_hypers(False),
-    methods=("nuts", "svi"),
+    methods=("nuts", "svi", "vbem"),
     likelihood_sites=("y",),
     observed_fields=("Y",),
     model_inputs=ppca_inputs,
