@@ -120,8 +120,9 @@ def init(key, pb: Problem, learn, init_logit_rho=10.0):
                    a_tau=jnp.full((p,), pb.a0 + 0.5 * n), b_tau=pb.b0 + 0.5 * n * 0.1 * vy)
 
 
-def step(state: VBState, pb: Problem, learn) -> tuple[VBState, VBInfo]:
-    """One CAVI sweep (steps 1-3 per latent, then q(tau)); returns the ELBO after the sweep."""
+def step(state: VBState, pb: Problem, learn, update_switches=True) -> tuple[VBState, VBInfo]:
+    """One CAVI sweep (steps 1-3 per latent, then q(tau)); returns the ELBO after the sweep.
+    ``update_switches=False`` keeps q(b) fixed (with rho = 1: the plain LMM baseline, notes T10)."""
     m = pb.F.shape[0]
     Etau, _ = _tau_moments(state, pb, learn)
     D, _ = _moments(state, pb)
@@ -148,7 +149,7 @@ def step(state: VBState, pb: Problem, learn) -> tuple[VBState, VBInfo]:
         mH_j = sH_j * rho_j * Etau * proj
         # 3. q(b_j) (corrected conditional, E3)
         c = jnp.sum(Etau * (mH_j * proj - 0.5 * (mH_j ** 2 + sH_j) * Ej))
-        lr_j = pb.logit_theta[j] + c
+        lr_j = jnp.where(update_switches, pb.logit_theta[j] + c, st.logit_rho[j])
         rho_new = jax.nn.sigmoid(lr_j)
         st = st._replace(mu=st.mu.at[j].set(mu_j), Sigma=st.Sigma.at[j].set(Sigma_j),
                          mH=st.mH.at[:, j].set(mH_j), sH=st.sH.at[:, j].set(sH_j),
@@ -164,9 +165,9 @@ def step(state: VBState, pb: Problem, learn) -> tuple[VBState, VBInfo]:
 
 
 @partial(jax.jit, static_argnames=("learn", "max_iter"))
-def _run_compiled(key, pb, learn, max_iter, init_logit_rho):
+def _run_compiled(key, pb, learn, max_iter, init_logit_rho, update_switches=True):
     state = init(key, pb, learn, init_logit_rho)
-    return jax.lax.scan(lambda st, _: step(st, pb, learn), state, None, length=max_iter)
+    return jax.lax.scan(lambda st, _: step(st, pb, learn, update_switches), state, None, length=max_iter)
 
 
 def run(key, pb: Problem, learn, max_iter=200, init_logit_rho=10.0, progress=None):
@@ -193,6 +194,25 @@ def run_restarts(key, pb: Problem, learn, max_iter=200, init_logit_rho=10.0, num
     best = jnp.argmax(finals)
     pick = lambda t: jax.tree.map(lambda a: a[best], t)
     return pick(states), pick(infos), finals
+
+
+def run_lmm(key, pb: Problem, learn, max_iter=200):
+    """The plain LMM baseline (b = 1 for every latent, notes §2.2): the same sweeps with q(b) clamped at
+    rho = 1 - 1e-13 (logit 30)."""
+    return _run_compiled(key, pb, learn, max_iter, 30.0, False)
+
+
+def predict(state: VBState, pb: Problem, learn, F_new):
+    """Moment-matched Gaussian predictive of y at new inputs (``F_new`` (m, n_new, r), e.g. from
+    ``zoo.gp_alps.predictive_factors``): mean sum_j rho_j m_ij d*_j and variance
+    sum_j [rho_j (m_ij^2 + s_ij)(d*_j^2 + V*_j) - rho_j^2 m_ij^2 d*_j^2] + E[sigma2_i]; both (n_new, p)."""
+    rho = jax.nn.sigmoid(state.logit_rho)
+    d = jnp.einsum("jnr,jr->jn", F_new, state.mu)
+    V = jnp.einsum("jnr,jrs,jns->jn", F_new, state.Sigma, F_new)
+    mean = (rho * state.mH) @ d
+    var = ((state.mH ** 2 + state.sH) * rho) @ (d ** 2 + V) - (rho * state.mH) ** 2 @ (d ** 2)
+    noise = state.b_tau / (state.a_tau - 1.0) if learn else pb.sigma2
+    return mean.T, (var + noise[:, None]).T
 
 
 def sample_q(key, state: VBState, pb: Problem, learn, num_samples):

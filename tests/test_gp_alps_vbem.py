@@ -143,3 +143,38 @@ def test_fit_vbem_returns_draws_with_log_q_and_elbo_trace():
     assert tree["sample_stats"]["elbo"].shape == (200,)
     rho = np.array(tree.attrs["rho"] if isinstance(tree.attrs["rho"], list) else eval(tree.attrs["rho"]))
     assert np.all(rho[::2] > 0.99)
+
+
+def _mixture_lpd_rmse(seed, lmm):
+    data, truth = za.simulate(seed, setup="periodic_mixture")
+    hyper = {**za.SPEC.default_hyper, "kernels": "periodic_mixture", "sigma2": None}
+    pb = _problem(data, hyper, learn=True)
+    if lmm:
+        state, _ = vb.run_lmm(jax.random.key(seed), pb, True)
+    else:
+        state, _, _ = vb.run_restarts(jax.random.key(seed), pb, True)
+    kernels = za.resolve_kernels("periodic_mixture")
+    F_new = jnp.asarray(za.predictive_factors(truth["test"]["t"], data["t"], kernels))
+    mean, var = vb.predict(state, pb, True, F_new)
+    y = truth["test"]["Y"]
+    lpd = float(np.mean(-0.5 * np.log(2 * np.pi * var) - 0.5 * (y - mean) ** 2 / var))
+    return lpd, float(np.sqrt(np.mean((y - mean) ** 2)))
+
+
+def test_predictive_factors_reproduce_the_training_factors():
+    # the predictive factors at the training inputs are the training factors (exactly for linear-periodic,
+    # Nystrom identity K Q Lambda^-1/2 = Q Lambda^1/2 for RBF)
+    rng = np.random.default_rng(0)
+    t = rng.uniform(0, 3, size=(15, 2))
+    kern = za.resolve_kernels([{"kind": "linper", "period": 4.0, "feature": 1}, {"kind": "rbf", "lengthscale": 1.0}], 2)
+    np.testing.assert_allclose(za.predictive_factors(t, t, kern), za.latent_factors(t, kern), atol=1e-6)
+
+
+@pytest.mark.slow
+def test_alps_not_worse_than_plain_lmm_in_extrapolation_t10():
+    # T10 (non-inferiority, 3 seeds averaged, t in [150, 200)): mean test log predictive density per point of
+    # GP-ALPS >= plain LMM (b = 1) - 0.02 nats, and test RMSE <= 1.05 x the LMM's
+    alps = np.mean([_mixture_lpd_rmse(s, False) for s in range(3)], axis=0)
+    lmm = np.mean([_mixture_lpd_rmse(s, True) for s in range(3)], axis=0)
+    assert alps[0] >= lmm[0] - 0.02, (alps, lmm)
+    assert alps[1] <= 1.05 * lmm[1], (alps, lmm)

@@ -191,6 +191,22 @@ def latent_factors(t, kernels, rank_tol=1e-9):
     return np.stack([np.pad(f, ((0, 0), (0, r - f.shape[1]))) for f in Fs])
 
 
+def predictive_factors(t_new, t, kernels, rank_tol=1e-9):
+    """(m, n_new, r) factors at new inputs, consistent with ``latent_factors(t, ...)``: x_j(t_new) = F*_j u_j.
+    Linear-periodic: the exact feature map; other kernels: the Nystrom extension K(t_new, t) Q Lambda^(-1/2)
+    of the eigen factor (the GP conditional mean of x_j(t_new) given x_j at the data, plus nothing else)."""
+    Fs = []
+    for k in kernels:
+        if k["kind"] == "linper":
+            Fs.append(factor(t_new, k))
+            continue
+        lam, Q = np.linalg.eigh(gram(t, t, k))
+        keep = lam > rank_tol * lam.max()
+        Fs.append((gram(t_new, t, k) @ Q[:, keep][:, ::-1]) / np.sqrt(lam[keep][::-1]))
+    r = max(f.shape[1] for f in Fs)
+    return np.stack([np.pad(f, ((0, 0), (0, r - f.shape[1]))) for f in Fs])
+
+
 def theta_vector(theta, m):
     th = np.broadcast_to(np.asarray(theta, dtype=np.float64), (m,)).copy()
     return th
