@@ -325,7 +325,7 @@ PAPER = ("Bruneau, Gelgon & Picarougne, A low-cost variational-Bayes technique f
          "shared/notes/001_vbmppca.md")
 NUTS_PRIORS = {"alpha0": 1.0, "a0": 1.0, "b0": 1.0, "nu0": 0.01, "tau_fixed": 1.0}   # notes T11 (no funnels)
 
-T11_NUTS = {"num_warmup": 1000, "num_samples": 1000, "num_chains": 4, "K": 2, "q": 1, **NUTS_PRIORS}
+T11_NUTS = {"num_warmup": 1000, "num_samples": 1000, "thinning": 4, "num_chains": 4, "K": 2, "q": 1, **NUTS_PRIORS}
 
 
 def reference_datasets():

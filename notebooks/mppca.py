@@ -1,0 +1,180 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+# ---
+
+# %%
+import os
+
+FAST = os.environ.get("FAST", "0") == "1"
+N_SYN = 500 if FAST else 1000          # training points of the synthetic sets
+K_SYN3 = 10 if FAST else 20            # K_init on SYN3
+MAX_ITER = 1500                        # VB-EM sweeps on SYN1 (emptying components takes many sweeps)
+MAX_ITER_SYN3 = 300 if FAST else 1500
+N_INIT = 1 if FAST else 3              # VB restarts
+N_SETS = 1 if FAST else 5              # SYN3 training sets in the paper's comparison
+RUN_NUTS = not FAST                    # FAST: use the stored NUTS reference instead of refitting
+
+# %% [markdown]
+# # Bayesian mixtures of PPCA by variational Bayes (Bruneau, Gelgon & Picarougne 2013)
+#
+# **The model.** Each observation $y_n \in \mathbb R^d$ comes from one of $K$ probabilistic PCA analysers:
+#
+# $$\omega \sim \mathrm{Dir}(\alpha_0 1_K),\quad \nu_{kj} \sim \mathrm{Ga}(a_0, b_0),\quad
+# \Lambda_k^{j} \sim \mathcal N(0, \nu_{kj}^{-1} I_d),\quad \mu_k \sim \mathcal N(\mu_0, \nu_0^{-1} I_d),$$
+# $$z_n \sim \mathrm{Cat}(\omega),\quad x_n \sim \mathcal N(0, I_q),\quad
+# y_n \mid z_n = k \sim \mathcal N(\Lambda_k x_n + \mu_k, \tau^{-1} I_d).$$
+#
+# Marginally $y_n \sim \sum_k \omega_k \mathcal N(\mu_k, \Lambda_k\Lambda_k^\top + \tau^{-1} I)$: a Gaussian
+# mixture whose covariances are "low rank + noise". With a tiny Dirichlet concentration ($\alpha_0 = 10^{-3}$)
+# superfluous components empty themselves, and the ARD precisions $\nu_{kj}$ switch off superfluous loading
+# columns, so VB-EM started with many components and $q = d - 1$ columns picks both the number of components
+# and each component's subspace dimension. The zoo model marginalises $z$ and $x$ so that NUTS can run it.
+
+# %%
+import numpyro  # noqa: F401,I001  (before arviz)
+import jax
+import matplotlib.pyplot as plt
+import numpy as np
+from sklearn.mixture import BayesianGaussianMixture
+
+import inference
+from diagnostics import references
+from diagnostics.scorecard import compared_posterior, scorecard
+from inference import mppca_vb as V
+from zoo import mppca
+
+# %% [markdown]
+# ## SYN1: four blobs in a 2-D plane embedded in 9-D
+#
+# The paper's first synthetic process (notes §5.1): a 2-D mixture of 4 well-separated Gaussians mapped into
+# $\mathbb R^9$ by a fixed linear map $T$ (whose top 2x2 block is the identity), plus unit-variance noise. Each
+# cluster is then exactly a PPCA with $q = 2$ and $\tau = 1$.
+
+# %%
+data, truth = mppca.simulate(0, N=N_SYN)
+tree = inference.fit("mppca", data, "vbem", seed=0, K=10, q=8, tau_fixed=1.0, n_init=N_INIT, num_samples=200,
+                     max_iter=MAX_ITER, tol=1e-8)
+var = tree["variational"].to_dataset()
+print("kept components K' =", tree.attrs["K_eff"], " Algorithm-1 ranks:", var["rank"].values)
+print("N_k:", np.round(var["N_k"].values, 1))
+
+# %%
+fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
+bound = tree["sample_stats"]["bound"].values
+ax[0].plot(bound)
+ax[0].set(xlabel="VB-EM sweep", ylabel="lower bound F", title="bound (monotone)")
+ax[1].scatter(data["Y"][:, 0], data["Y"][:, 1], s=4, c="0.6")
+summ_means = var["m_mu"].values[var["kept"].values]
+ax[1].scatter(summ_means[:, 0], summ_means[:, 1], c="r", marker="x", s=80, label="kept VB means")
+ax[1].scatter(truth["mu"][:, 0], truth["mu"][:, 1], facecolors="none", edgecolors="k", s=120, label="truth")
+ax[1].legend()
+ax[1].set(title="first two coordinates (the 2-D signal)")
+plt.show()
+
+# %% [markdown]
+# Left: the lower bound after every sweep. With the corrected responsibilities (the $+\tfrac12\ln|\Sigma_{x_k}|$
+# term the paper omits, erratum E4) every factor update is an exact coordinate-ascent step, so the curve never
+# goes down; the paper attributes its decreasing bound to "strongly coupled moments", but it is this missing
+# term. Right: of the 10 initial components, four survive, on the four true means; their subspace ranks are
+# chosen by Algorithm 1 (most are 2, the true rank; a cluster whose second 2-D eigenvalue is small can get 1).
+
+# %% [markdown]
+# ## VB against NUTS on a small problem (notes T11)
+#
+# $d = 3$, $K = 2$ components 10 apart, $q = 1$, $N = 200$, $\tau = 1$ known and moderate priors
+# ($\alpha_0 = a_0 = b_0 = 1$, $\nu_0 = 0.01$; the $10^{-3}$ priors give NUTS funnels). Components are
+# compared after sorting them by their mean's first coordinate (label switching), and the covariances
+# $C_k = \Lambda_k\Lambda_k^\top + \tau^{-1}I$, which do not depend on the rotation of $\Lambda_k$.
+
+# %%
+small, _ = mppca.reference_datasets()["t11"]
+opts = dict(mppca.T11_NUTS)
+hyper = {k: opts.pop(k) for k in list(opts) if k in ("K", "q", "alpha0", "a0", "b0", "nu0", "tau_fixed")}
+ref = inference.fit("mppca", small, "nuts", seed=0, **opts, **hyper) if RUN_NUTS else \
+    references.load("mppca", small, tag="t11")
+vb = inference.fit("mppca", small, "vbem", seed=0, num_samples=4000, **hyper)
+cands = {"vbem": vb}
+if not FAST:
+    cands["svi"] = inference.fit("mppca", small, "svi", seed=0, num_steps=5000, **hyper)
+sc = scorecard(ref, cands)
+sc[["method", "parameter", "mean_ref", "mean", "std_mean_error", "sd_ratio", "w1_sd"]].round(3)
+
+# %%
+pv, pr = compared_posterior(vb), compared_posterior(ref)
+fig, axes = plt.subplots(1, 3, figsize=(12, 3))
+for i, ax in enumerate(axes):
+    for k in range(2):
+        ax.hist(pr["mu_sorted"].values[..., k, i].ravel(), bins=40, density=True, color="k", alpha=0.4,
+                label="NUTS" if k == 0 else None)
+        ax.hist(pv["mu_sorted"].values[..., k, i].ravel(), bins=40, density=True, histtype="step", color="C1",
+                label="VB" if k == 0 else None)
+    ax.set(title=f"mu[:, {i}]")
+axes[0].legend()
+plt.show()
+
+# %% [markdown]
+# Posterior marginals of the two (sorted) component means, NUTS in grey, VB-EM outlined. The means agree;
+# VB is somewhat narrower (mean-field under-dispersion, expected: the notes accept 0.3x-1.2x of the NUTS sd).
+
+# %% [markdown]
+# ## The paper's main experiment at small scale: SYN3 (claim C3)
+#
+# A noisy circle embedded in 9-D. A Gaussian mixture needs many full-covariance blobs to follow it; a mixture
+# of PPCA follows it with elongated rank-1 analysers. The paper (Table 3, N = 1000) reports a held-out
+# log-likelihood on the first two coordinates of **-5138 for VBMPPCA vs -6335 for VBGMM** (sums over 1000
+# validation points; the absolute values depend on unreported generator settings, so compare the ordering).
+# Our VBGMM is scikit-learn's `BayesianGaussianMixture` (full covariances, same K_init, Dirichlet-distribution
+# prior with concentration 10^-3).
+
+
+# %%
+def marginal_2d(Y, w, m, C):
+    return V.gmm_logpdf(Y[:, :2], w, m[:, :2], C[:, :2, :2]).sum()
+
+
+rows = []
+for s in range(N_SETS):
+    d3, t3 = mppca.simulate_syn3(100 + s, N=N_SYN)
+    cfg, res = V.fit_vbem(d3["Y"], {**mppca.SPEC.default_hyper, "K": K_SYN3, "q": 8, "tau_fixed": 1.0},
+                          jax.random.key(s), n_init=N_INIT, max_iter=MAX_ITER_SYN3, tol=1e-8)
+    sm = V.summary_of(cfg, res.state)
+    g = BayesianGaussianMixture(n_components=K_SYN3, covariance_type="full", weight_concentration_prior=1e-3,
+                                weight_concentration_prior_type="dirichlet_distribution", max_iter=1000,
+                                random_state=s).fit(d3["Y"])
+    keep = g.weights_ > 2 / len(d3["Y"])
+    rows.append((marginal_2d(t3["Y_test"], sm["weights"], sm["means"], sm["covariances"]),
+                 marginal_2d(t3["Y_test"], g.weights_[keep] / g.weights_[keep].sum(), g.means_[keep],
+                             g.covariances_[keep]), len(sm["keep"]), int(keep.sum())))
+rows = np.array(rows)
+ll, kk = rows[:, :2].mean(0), rows[:, 2:].mean(0)
+print(f"held-out 2-D log-lik  VBMPPCA {ll[0]:.0f}   VBGMM {ll[1]:.0f}   (paper: -5138 vs -6335)")
+print(f"K'  VBMPPCA {kk[0]:.1f}   VBGMM {kk[1]:.1f}   (paper: 6.5 vs 1.03)")
+
+# %%
+fig, ax = plt.subplots(figsize=(5, 3))
+ax.bar(["VBMPPCA\n(ours)", "VBGMM\n(sklearn)"], rows[:, :2].mean(0), color=["C1", "C0"])
+ax.axhline(-5138, color="C1", ls="--", label="paper VBMPPCA")
+ax.axhline(-6335, color="C0", ls="--", label="paper VBGMM")
+ax.set(ylabel="held-out 2-D log-lik (1000 pts)")
+ax.legend(fontsize=8)
+plt.show()
+
+# %% [markdown]
+# Bars: our held-out log-likelihoods on SYN3; dashed lines: the paper's Table 3 values at N = 1000. The
+# ordering (MPPCA above GMM on manifold-like data) is the paper's claim C3.
+#
+# **What the errata changed.** (E4) the $+\tfrac12\ln|\Sigma_x|$ term in the responsibilities makes the bound
+# monotone (tested after every single factor update); (E5) the loading update uses the matrix
+# $\sum_n r_{nk} y_n m_{nk}^\top$; (E8, E9) components are kept when $N_k > 2$ and Algorithm 1 compares
+# successive truncations; the noise precision is learned by default here (the paper fixes $\tau = 1$, which
+# ties results to the data scale, E3; `tau_fixed=1.0` reproduces the paper).
+
+# %%
+mu_rows = sc[(sc.method == "vbem") & sc.parameter.str.startswith("mu_sorted")]
+assert int(tree.attrs["K_eff"]) == 4, tree.attrs["K_eff"]
+assert np.all(np.diff(bound)[1:] >= -1e-8 * np.abs(bound).max())
+assert mu_rows["std_mean_error"].max() <= 3.0 and mu_rows["sd_ratio"].between(0.3, 1.2).all()
+print("headline: K' = 4 on SYN1, monotone bound, VB means within",
+      round(float(mu_rows["std_mean_error"].max()), 3), "NUTS sd")
