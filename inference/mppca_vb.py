@@ -522,3 +522,150 @@ def run_vbem(ctx: FitContext) -> Draws:
                  attrs={"bound_final": float(res.trace[-1]), "n_iter": res.n_iter, "converged": int(res.converged),
                         "K_eff": int(len(summ["keep"])), "ranks": summ["ranks"].tolist(),
                         "restart_bounds": res.finals.tolist()})
+
+
+# --------------------------------------------------------------------------------------------------
+# Baselines: ML EM for (M)PPCA (notes 3.1-3.2) and scikit-learn's VBGMM (notes 3.7)
+# --------------------------------------------------------------------------------------------------
+
+
+class EMState(NamedTuple):
+    pi: jax.Array       # (K,)
+    mu: jax.Array       # (K, d)
+    W: jax.Array        # (K, d, q)
+    sig2: jax.Array     # () shared noise variance tau^-1
+    loglik: jax.Array   # () log-likelihood at the parameters before this update
+
+
+def mixture_logpdf(Y, pi, mu, W, sig2):
+    """(N, K) log pi_k + ln N(y_n | mu_k, W_k W_k^T + sig2 I) by Woodbury, |C| = sig2^(d-q) |sig2 I + W^T W|."""
+    d, q = W.shape[1], W.shape[2]
+    Mm = sig2 * jnp.eye(q) + jnp.einsum("kdi,kdj->kij", W, W)                        # (K, q, q)
+    Minv, logdetM = _chol_inv_logdet(Mm)
+    D = Y[:, None] - mu[None]                                                         # (N, K, d)
+    WtD = jnp.einsum("kdq,nkd->nkq", W, D)
+    maha = (jnp.sum(D**2, -1) - jnp.einsum("nki,kij,nkj->nk", WtD, Minv, WtD)) / sig2
+    logdet = (d - q) * jnp.log(sig2) + logdetM
+    return jnp.log(jnp.clip(pi, 1e-300))[None] - 0.5 * (maha + logdet[None] + d * LOG_2PI)
+
+
+def em_step(state: EMState, Y, tau_fixed):
+    """One Tipping-Bishop EM step (notes 3.2 with mu_k = sum r y / sum r, E2; eq. 22 with the inverse, E1);
+    shared noise variance sig2 = sum_k pi_k sig2_k, or 1/tau_fixed."""
+    pi, mu, W, sig2 = state.pi, state.mu, state.W, state.sig2
+    N, d = Y.shape
+    q = W.shape[-1]
+    lp = mixture_logpdf(Y, pi, mu, W, sig2)
+    ll = jnp.sum(logsumexp(lp, axis=1))
+    r = jax.nn.softmax(lp, axis=1)
+    Nk = r.sum(0)
+    Nk_safe = jnp.maximum(Nk, 1e-10)
+    mu_new = jnp.where(Nk[:, None] > 1e-10, (r.T @ Y) / Nk_safe[:, None], mu)
+    D = Y[:, None] - mu_new[None]
+    S = jnp.einsum("nk,nki,nkj->kij", r, D, D) / Nk_safe[:, None, None]               # (K, d, d)
+    Minv, _ = _chol_inv_logdet(sig2 * jnp.eye(q) + jnp.einsum("kdi,kdj->kij", W, W))
+    SW = jnp.einsum("kij,kjq->kiq", S, W)
+    inner = sig2 * jnp.eye(q) + jnp.einsum("kab,kdb,kdc->kac", Minv, W, SW)
+    W_new = jnp.einsum("kdq,kqp->kdp", SW, jnp.linalg.inv(inner))
+    sig2_k = (jnp.trace(S, axis1=-2, axis2=-1)
+              - jnp.einsum("kdq,kqp,kdp->k", SW, Minv, W_new)) / d
+    pi_new = Nk / N
+    sig2_new = jnp.sum(pi_new * sig2_k) if tau_fixed is None else jnp.asarray(1.0 / tau_fixed)
+    sig2_new = jnp.maximum(sig2_new, 1e-10)
+    return EMState(pi_new, mu_new, W_new, sig2_new, ll)
+
+
+@functools.lru_cache(maxsize=32)
+def _em_compiled(tau_fixed, chunk):
+    def body(st, _, Y):
+        new = em_step(st, Y, tau_fixed)
+        return new, new.loglik
+    return jax.jit(lambda st, Y: jax.lax.scan(lambda s, x: body(s, x, Y), st, None, length=chunk))
+
+
+def fit_em(Y, hyper, key, *, mixture=True, max_iter=1000, tol=1e-8, chunk=25):
+    """ML EM for MPPCA (K = 1: PPCA) from the VB initialisation (k-means + per-cluster PCA); returns
+    (EMState at the last update, log-likelihood trace (monotone), converged)."""
+    Y = np.asarray(Y, float)
+    cfg = cfg_from(hyper, Y.shape[1], mixture)
+    mu0 = prior_means({"Y": Y}, hyper, cfg.K)
+    st0 = init(cfg, jnp.asarray(Y), jnp.asarray(mu0), key)
+    n0 = st0.r.sum(0)
+    sig2 = st0.e_tau / st0.c_tau if cfg.learn_tau else jnp.asarray(1.0 / cfg.tau)
+    st = EMState(n0 / n0.sum(), st0.m_mu, st0.M, sig2, jnp.asarray(-jnp.inf))
+    fn = _em_compiled(None if cfg.learn_tau else cfg.tau, int(chunk))
+    traces, conv = [], False
+    for _ in range(int(np.ceil(max_iter / chunk))):
+        st, tr = fn(st, jnp.asarray(Y))
+        traces.append(np.asarray(tr))
+        t = np.concatenate(traces)
+        if len(t) > 1 and abs(t[-1] - t[-2]) <= tol * abs(t[-1]):
+            conv = True
+            break
+    return cfg, st, np.concatenate(traces), conv
+
+
+def _point_draws(cfg: Cfg, pi, mu, W, sig2):
+    """One 'draw' (chain 1, draw 1) of the model sites at point estimates; nu at its ML value d/|W^j|^2."""
+    W = np.asarray(W, float)
+    nu = cfg.d / np.maximum(np.sum(W**2, axis=1), 1e-12)
+    post = {"nu": nu, "Wt": np.swapaxes(W, -1, -2), "mu": np.asarray(mu, float)}
+    if cfg.mixture:
+        om = np.clip(np.asarray(pi, float), 1e-300, None)
+        post["omega"] = om / om.sum()
+    else:
+        post = {k: v[0] for k, v in post.items()}
+    if cfg.learn_tau:
+        post["tau"] = np.asarray(1.0 / float(sig2))
+    return {k: np.asarray(v)[None, None] for k, v in post.items()}
+
+
+EM_OPTIONS = {"max_iter": 1000, "tol": 1e-8}
+
+
+@register_method("em", kind="point", models=("mppca", "ppca"), options=EM_OPTIONS)
+def run_em(ctx: FitContext) -> Draws:
+    """Maximum-likelihood EM for (M)PPCA (Tipping & Bishop; notes 3.1-3.2, errata E1-E2), the paper's baseline;
+    tau shared (learned by ML, or ``tau_fixed``). Priors are ignored; ``nu`` is reported at d / |Lambda^j|^2."""
+    mixture = ctx.spec.name != "ppca"
+    cfg, st, trace, conv = fit_em(ctx.data["Y"], ctx.hyper, jax.random.fold_in(ctx.key, 1), mixture=mixture,
+                                  max_iter=ctx.options["max_iter"], tol=ctx.options["tol"])
+    post = _point_draws(cfg, st.pi, st.mu, st.W, st.sig2)
+    return Draws(posterior=post, traces={"loglik": trace},
+                 attrs={"loglik_final": float(trace[-1]), "n_iter": len(trace), "converged": int(conv)})
+
+
+def fit_vbgmm(Y, K, *, tol=1e-3, max_iter=1000, seed=0, alpha0=1e-3):
+    """scikit-learn ``BayesianGaussianMixture`` (full covariances, Dirichlet-distribution weight prior with
+    concentration ``alpha0``, k-means init) -- the paper's VBGMM baseline, not re-implemented."""
+    from sklearn.mixture import BayesianGaussianMixture
+
+    return BayesianGaussianMixture(n_components=K, covariance_type="full", weight_concentration_prior=alpha0,
+                                   weight_concentration_prior_type="dirichlet_distribution", tol=tol,
+                                   max_iter=max_iter, random_state=seed).fit(np.asarray(Y, float))
+
+
+VBGMM_OPTIONS = {"max_iter": 1000, "tol": 1e-3}
+
+
+@register_method("vbgmm", kind="point", models=("mppca",), options=VBGMM_OPTIONS)
+def run_vbgmm(ctx: FitContext) -> Draws:
+    """VBGMM baseline: scikit-learn's ``BayesianGaussianMixture`` (full covariances, K = K_init, alpha0).
+    The exact fitted GMM (weights, means, covariances) is in group ``gmm``; the posterior holds its projection
+    on the MPPCA parameters (per component the top-q eigenvectors, shared noise variance = the weighted mean
+    of the discarded eigenvalues, or 1/tau_fixed) so the tree has the model's shape."""
+    Y = ctx.data["Y"]
+    cfg = cfg_from(ctx.hyper, Y.shape[1], True)
+    g = fit_vbgmm(Y, cfg.K, tol=ctx.options["tol"], max_iter=ctx.options["max_iter"], seed=ctx.seed,
+                  alpha0=cfg.alpha0)
+    lam, U = np.linalg.eigh(g.covariances_)
+    lam, U = lam[:, ::-1], U[:, :, ::-1]
+    sig2 = float(np.sum(g.weights_ * lam[:, cfg.q:].mean(1))) if cfg.learn_tau else 1.0 / cfg.tau
+    W = U[:, :, :cfg.q] * np.sqrt(np.maximum(lam[:, :cfg.q] - sig2, 0.0))[:, None, :]
+    post = _point_draws(cfg, g.weights_, g.means_, W, sig2)
+    gmm = xr.Dataset({"weight": (("component",), g.weights_), "mean": (("component", "feature"), g.means_),
+                      "covariance": (("component", "feature", "feature2"), g.covariances_)},
+                     attrs={"converged": int(g.converged_), "n_iter": int(g.n_iter_)})
+    return Draws(posterior=post, groups={"gmm": gmm},
+                 attrs={"converged": int(g.converged_), "n_iter": int(g.n_iter_),
+                        "K_eff": int(np.sum(g.weights_ * len(Y) > 2))})
