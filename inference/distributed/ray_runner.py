@@ -127,13 +127,14 @@ def run_ray(protocol: Protocol, shards: Any, key: jax.Array, *, max_rounds: int,
             participation=None, callback=None, progress: bool | None = None,
             ray_init: dict | None = None) -> RunResult:
     """Run ``protocol`` with one Ray actor per node (see the module docstring). ``shards``: a pytree with a
-    leading node axis J (as for ``run_inprocess``) or a list of J per-node pytrees."""
+    leading node axis J (as for ``run_inprocess``; a NamedTuple of stacked arrays counts as one pytree) or a
+    Python list of J per-node pytrees."""
     if on_node_failure not in FAILURE_MODES:
         raise ValueError(f"on_node_failure: expected one of {list(FAILURE_MODES)}, got {on_node_failure!r}")
     ray = _require_ray()
     from ray.exceptions import RayActorError, RayTaskError
 
-    if isinstance(shards, list | tuple):
+    if isinstance(shards, list):    # not tuple: a NamedTuple of stacked arrays is a stacked pytree
         shard_list = [_to_numpy(s) for s in shards]
     else:
         J0 = jax.tree.leaves(shards)[0].shape[0]
@@ -161,7 +162,9 @@ def run_ray(protocol: Protocol, shards: Any, key: jax.Array, *, max_rounds: int,
             try:
                 ok[i] = ray.get(ref)
             except (RayActorError, RayTaskError) as exc:   # a dead actor, or a node step that raised
-                failed[i] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+                # the first line names the task, the last one holds the remote exception's message
+                failed[i] = f"{type(exc).__name__}: {lines[-1].strip() if lines else ''}"
         return ok, failed
 
     init_out, failed = gather({i: a.init.remote() for i, a in enumerate(actors)})
