@@ -40,7 +40,7 @@ import numpy as np
 from jax.scipy.special import digamma, gammaln
 
 from inference._methods import Draws, FitContext, register_method
-from inference.hlcr_common import PairData, cluster_sums, pair_data, prior_precision
+from inference.hlcr_common import PairData, cluster_sums, pair_data, prior_precision, sample_log_dirichlet
 from inference.hlcr_gibbs import Hyper, make_hyper
 
 
@@ -173,9 +173,7 @@ def draw(key, state: VBState, num_samples: int):
     L = jnp.linalg.cholesky(state.S)
     eps = jax.random.normal(k_w, (num_samples, *state.m.shape))
     w = state.m + jnp.einsum("kij,skj->ski", L, eps)
-    theta = jax.random.dirichlet(k_t, state.a, (num_samples, *state.a.shape[:-1]))
-    theta = jnp.clip(theta, jnp.finfo(theta.dtype).tiny)
-    theta = theta / theta.sum(-1, keepdims=True)
+    theta = jnp.exp(sample_log_dirichlet(k_t, jnp.broadcast_to(state.a, (num_samples, *state.a.shape))))
     z = jax.random.categorical(k_z, jnp.log(jnp.clip(state.r, 1e-300)), axis=-1, shape=(num_samples,
                                                                                        state.r.shape[0]))
     log_q_w = jax.vmap(lambda ww: jnp.sum(jax.scipy.stats.multivariate_normal.logpdf(ww, state.m, state.S)))(w)

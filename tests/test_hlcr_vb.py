@@ -53,6 +53,7 @@ def test_vbem_bound_is_monotone_recovers_c1_and_matches_gibbs_means():
     assert np.all(np.isfinite(tree["sample_stats"]["log_q"].values))
 
 
+@pytest.mark.slow
 def test_vbem_bound_is_monotone_on_k4_setup():
     """E1 on the K = 4, F = 5, N = 128, N_** = 5, sigma = 0.5 set-up, seed 0 (ARI is not required here:
     the notes observed 0.78-0.93 for VB-EM on this low-information set-up)."""
