@@ -210,7 +210,14 @@ def _gamma_elbo(a0, b0, a, b):
 def bound(cfg: Cfg, st: VBState, Y, mu0):
     """The variational lower bound F (N3.3, all constants) at the current state."""
     s = stats_of(st, Y)
-    N = Y.shape[0]
+    zpart = jnp.sum(st.r * (e_log_omega(cfg, st)[None] - jnp.log(jnp.clip(st.r, 1e-300)))) if cfg.mixture else 0.0
+    return bound_from(cfg, st, s, Y.shape[0], zpart, mu0)
+
+
+def bound_from(cfg: Cfg, st: VBState, s: Stats, n_total, zpart, mu0):
+    """F from the statistics ``s`` (data or virtual, N3.3/N3.5), the Z part sum r (E ln omega - ln r) (weighted
+    for virtual samples) and the parameter terms; ``n_total`` = number of (virtual) points."""
+    N = n_total
     d, q = cfg.d, cfg.q
     Et, Elt = tau_moments(cfg, st)
     _, logdet_Sx = _chol_inv_logdet(st.Sx)
@@ -219,7 +226,7 @@ def bound(cfg: Cfg, st: VBState, Y, mu0):
          - 0.5 * jnp.sum(jnp.trace(s.S, axis1=-2, axis2=-1)) + jnp.sum(s.N * 0.5 * (logdet_Sx + q * (1 + LOG_2PI))))
     if cfg.mixture:
         Elo = e_log_omega(cfg, st)
-        F += jnp.sum(st.r * (Elo[None] - jnp.log(jnp.clip(st.r, 1e-300))))
+        F += zpart
         K, a0 = cfg.K, cfg.alpha0
         F += (gammaln(K * a0) - K * gammaln(a0) + (a0 - 1) * jnp.sum(Elo)
               - gammaln(jnp.sum(st.alpha)) + jnp.sum(gammaln(st.alpha)) - jnp.sum((st.alpha - 1) * Elo))
