@@ -559,6 +559,160 @@ def run_fedgibbs(ctx: FitContext) -> Draws:
     return Draws(posterior=post, traces=traces, dims={k: ["iteration", "chain"] for k in traces}, attrs=attrs)
 
 
+# --------------------------------------------------------------------------------------------------
+# FedVB: federated VB-EM (notes §3.8, E3), reusing inference.hlcr_vb's blocks
+# --------------------------------------------------------------------------------------------------
+
+class VBAgentState(NamedTuple):
+    r: jax.Array      # (P, K) responsibilities q(z = k) of the agent's pairs (0 on padding)
+    a: jax.Array      # (K,) Dirichlet parameters of q(theta_i)
+
+
+def make_vb_protocol(hyper, K: int, F: int) -> Protocol:
+    """Federated VB-EM (notes §3.8): the same iteration as ``inference.hlcr_vb.step``, split in two.
+
+    Server (``aggregate``): q(w) from the summed soft statistics, S_k^-1 = I/delta^2 + sum_i sum_j r_ijk G_ij/s^2,
+    m_k = S_k sum_i sum_j r_ijk g_ij/s^2; psi by the same monotone ascent as ``hlcr_vb._update_psi`` on
+    sum_i E[log theta_i]; broadcast (m, S, log psi). Agent (``local_step``): a_i = beta psi + sum_j r_ij (its
+    previous responsibilities), then r_ij from (m, S, a_i) (``hlcr_vb._update_z``); upload the soft sums
+    sum_j r_ijk G_ij/s^2 (K, F, F), sum_j r_ijk g_ij/s^2 (K, F), sum_j r_ijk (K,) and E[log theta_i] (K,).
+    With every agent reporting, round t leaves the agents with exactly the centralised iterate t (notes E3).
+    Under partial participation the server sums every agent's latest upload (stale for the absent ones)."""
+    from inference.hlcr_vb import _elogtheta, _expected_loglik, _psi_objective
+
+    prior_prec = jnp.eye(F) / hyper.delta**2
+
+    def upload(r, a, shard):
+        return {"D": jnp.einsum("pk,pij->kij", r, shard.Gs), "c": r.T @ shard.gs, "n": r.sum(0),
+                "elog": _elogtheta(a)}
+
+    def local_pdat(shard):
+        from inference.hlcr_common import PairData
+
+        return PairData(shard.Gs, shard.gs, shard.const, jnp.zeros(shard.mask.shape[0], jnp.int32))
+
+    def init(shard: Shard, key):
+        P = shard.mask.shape[0]
+        r = jax.random.dirichlet(key, jnp.ones(K), (P,)) * shard.mask[:, None]
+        a = hyper.beta / K + r.sum(0)                                  # psi uniform at the start
+        return VBAgentState(r, a), upload(r, a, shard)
+
+    def local_step(st: VBAgentState, shard: Shard, inbox, key):
+        a = hyper.beta * jnp.exp(inbox["log_psi"]) + st.r.sum(0)
+        logits = _expected_loglik(inbox["m"], inbox["S"], local_pdat(shard)) + _elogtheta(a)[None, :]
+        r = jax.nn.softmax(logits, axis=-1) * shard.mask[:, None]
+        return VBAgentState(r, a), upload(r, a, shard)
+
+    def init_server(messages, active):
+        return {"log_psi": jnp.full(K, -jnp.log(K))}
+
+    def aggregate(server, messages, active):
+        D = prior_prec + messages["D"].sum(0)
+        S = jnp.linalg.inv(D)
+        S = 0.5 * (S + jnp.swapaxes(S, -1, -2))
+        m = jnp.einsum("kij,kj->ki", S, messages["c"].sum(0))
+        elog_sum = messages["elog"].sum(0)
+        f = lambda u: _psi_objective(u, elog_sum, hyper)  # noqa: E731
+        grad = jax.grad(f)
+
+        def body(_, carry):
+            u, fu, lr = carry
+            v = u + lr * grad(u)
+            fv = f(v)
+            ok = fv >= fu
+            return jnp.where(ok, v, u), jnp.where(ok, fv, fu), jnp.where(ok, lr * 1.5, lr * 0.25)
+
+        u0 = server["log_psi"]
+        u, _, _ = jax.lax.fori_loop(0, 30, body, (u0, f(u0), 0.1))
+        log_psi = jax.nn.log_softmax(u)
+        J = active.shape[0]
+        bcast = {"m": m, "S": S, "log_psi": log_psi}
+        return {"log_psi": log_psi}, jax.tree.map(lambda x: jnp.broadcast_to(x, (J, *x.shape)), bcast)
+
+    def summarize(reports, messages, server, active):
+        return {"n_active": jnp.sum(active), "soft_counts": messages["n"].sum(0)}
+
+    return Protocol(init=init, local_step=local_step, aggregate=aggregate, init_server=init_server,
+                    summarize=summarize, name="fedhlcr vb")
+
+
+def run_federated_vb(agents, hyper: dict, key: jax.Array, *, max_iter: int = 100, participation: float = 1.0,
+                     dropout: float = 0.0, runner: str = "inprocess", on_node_failure: str = "continue",
+                     chunk: int = 50, progress=None, callback=None):
+    """Run federated VB-EM on per-agent datasets. Returns ``(RunResult, index, audit)`` as ``run_federated``."""
+    from inference.hlcr_gibbs import make_hyper
+
+    check_options({**DEFAULTS, "participation": participation, "dropout": dropout, "runner": runner,
+                   "on_node_failure": on_node_failure})
+    h = resolve_hyper({**SPEC.default_hyper, **hyper})
+    F = check_agents(agents)
+    shards, index = make_shards(agents, float(h["sigma"]))
+    proto, log = audited(make_vb_protocol(make_hyper(h, len(agents)), int(h["K"]), F))
+    part = participation_fn(float(participation), float(dropout))
+    if runner == "ray":
+        from inference.distributed.ray_runner import run_ray
+
+        res = run_ray(proto, shards, key, max_rounds=max_iter, on_node_failure=on_node_failure,
+                      participation=part, callback=callback, progress=progress)
+    else:
+        res = run_inprocess(proto, shards, key, max_rounds=max_iter, participation=part, chunk=chunk,
+                            progress=progress)
+    audit = log.as_dict()
+    audit["bytes_uploaded_per_round"] = np.asarray(res.history.get("bytes_sent", np.zeros((0, 1)))).sum(1).tolist()
+    audit["message_nbytes"] = int(res.message_nbytes)
+    return res, index, audit
+
+
+@register_method("fedvb", kind="variational", models=("hlcr",), check=_check, options={
+    **{k: DEFAULTS[k] for k in ("participation", "dropout", "runner", "on_node_failure", "chunk", "num_agents")},
+    "max_iter": 200, "num_samples": 1000, "gamma": 1.0, "dp_noise_scale": 0.0, "prior": "exact",
+    "leave_own_out": True,
+})
+def run_fedvb(ctx: FitContext) -> Draws:
+    """Federated VB-EM for HLCR (notes §3.8/E3): agents send soft per-cluster statistics and E[log theta_i];
+    with full participation every round equals the centralised ``vbem`` iteration. Options: ``max_iter``
+    (rounds), ``num_samples`` (draws from q), ``participation``, ``dropout``, ``runner``, ``num_agents``
+    (``gamma``, ``dp_noise_scale``, ``prior``, ``leave_own_out`` are accepted for a shared option check and
+    must keep their defaults). Draws from q as ``vbem`` (w ~ q(w), theta ~ q(theta), z ~ Cat(r), psi point)."""
+    from inference.hlcr_vb import VBState, draw
+
+    o = ctx.options
+    for k, v in (("gamma", 1.0), ("dp_noise_scale", 0.0), ("prior", "exact"), ("leave_own_out", True)):
+        if o[k] != v:
+            raise ValueError(f"{k}: not used by fedvb (keep the default {v!r}), got {o[k]!r}")
+    agents = split_by_agent(ctx.data, o["num_agents"])
+    h = resolve_hyper(ctx.hyper)
+    K = int(h["K"])
+    k_run, k_draw = jax.random.split(ctx.key)
+    res, index, audit = run_federated_vb(agents, h, k_run, max_iter=o["max_iter"], participation=o["participation"],
+                                         dropout=o["dropout"], runner=o["runner"],
+                                         on_node_failure=o["on_node_failure"], chunk=o["chunk"],
+                                         progress=o["progress"])
+    r_all = np.asarray(res.states.r)
+    valid = index >= 0
+    r = np.zeros((int(valid.sum()), K))
+    r[index[valid]] = r_all[valid]
+    F = agents[0]["X"].shape[1]
+    D = np.eye(F) / h["delta"] ** 2 + np.asarray(res.messages["D"]).sum(0)
+    S = np.linalg.inv(D)
+    S = 0.5 * (S + np.swapaxes(S, -1, -2))
+    m = np.einsum("kij,kj->ki", S, np.asarray(res.messages["c"]).sum(0))
+    log_psi = np.asarray(res.server_state["log_psi"])
+    state = VBState(jnp.asarray(r), jnp.asarray(m), jnp.asarray(S), jnp.asarray(res.states.a), jnp.asarray(log_psi))
+    n = o["num_samples"]
+    w, theta, z, log_q = jax.jit(draw, static_argnums=2)(k_draw, state, n)
+    psi = np.broadcast_to(np.exp(log_psi), (n, K))
+    add = lambda x: np.asarray(x)[None]  # noqa: E731
+    attrs = {"rounds": res.rounds, "num_agents": len(agents),
+             "protocol_audit": json.dumps({k: audit[k] for k in ("uplink", "downlink", "monitoring",
+                                                                 "message_nbytes")}),
+             "bytes_uploaded_total": int(sum(audit["bytes_uploaded_per_round"]))}
+    return Draws(posterior={"w": add(w), "psi": add(psi), "theta": add(theta), "z": add(z)},
+                 sample_stats={"log_q": add(log_q)},
+                 traces={"n_active": res.history["n_active"], "bytes_uploaded": res.history["bytes_sent"].sum(1)},
+                 attrs=attrs)
+
+
 __all__ = ["AgentState", "Config", "ServerState", "Shard", "check_agents", "global_labels", "local_sweep",
            "make_protocol", "make_shards", "message_spec", "participation_fn", "run_federated", "split_by_agent",
-           "split_test_like", "table_counts"]
+           "split_test_like", "table_counts", "make_vb_protocol", "run_federated_vb", "VBAgentState"]
