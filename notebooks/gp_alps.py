@@ -192,6 +192,27 @@ if not FAST:
     print("P(both T=7 on) =", (b2[..., 1] * b2[..., 2]).mean().round(2))
 
 # %% [markdown]
+# ## Experiment 4.3: which features does an additive GP need? (Boston / diabetes)
+#
+# One unit-lengthscale RBF latent per standardised feature, p = 1: an additive GP with spike-and-slab
+# selection of its components. The paper says the selected Boston subset {CHAS, RM, PTRATIO, LSTAT} ranks in
+# the **top 0.05 %** of all 8192 subset kernel-ridge models by test RMSE. The protocol is not stated (E10);
+# ours: 80/20 split (seed 0), joint unit-lengthscale RBF KRR with alpha = 0.1 on each subset
+# (`inference/gp_alps_subsets.py`). Measured on scikit-learn's diabetes data (1023 subsets): VB-EM selects
+# {bmi, bp, s5}, **rank 7 / 1023 (top 0.7 %)** with the joint kernel, 11 / 1023 with the additive kernel; all
+# 10 features rank 313. Run outside FAST mode (about a minute of small solves).
+
+# %%
+if not FAST:
+    import pandas as pd
+
+    from inference import gp_alps_subsets
+
+    rows = gp_alps_subsets.reproduce("diabetes")
+    print("rho:", rows[-1]["rho"])
+    print(pd.DataFrame(rows[:-1]).to_string(index=False))
+
+# %% [markdown]
 # ## Headline
 # Exact, NUTS, Gibbs and VB-EM agree on the square-wave switch decisions; NUTS and Gibbs match the exact
 # inclusion probabilities (including the small even-harmonic ones) within 0.03.
