@@ -7,7 +7,8 @@
    (issue goal: linear, slope ~ 1).
 
 ``SSGP_BENCH_SMALL=1`` runs a reduced version (n = 400, m = 20, 10 groups, NUTS 500 + 500 draws; sweeps
-at n = 1e3, 3e3, 1e4) for a busy machine; the section title says which one ran.
+at n = 1e3, 3e3, 1e4) for a busy machine; the section title says which one ran. ``SSGP_BENCH_PART=sweep`` or
+``=nuts`` runs only one of the two parts.
 """
 
 from __future__ import annotations
@@ -88,5 +89,8 @@ def main(h) -> None:
     small = os.environ.get("SSGP_BENCH_SMALL", "0") == "1"
     if small:
         h.table("SSGP_BENCH_SMALL=1: reduced sizes", [{"note": "reduced run for a busy machine; see docstring"}])
-    _sweep_cost(h, small)
-    _vb_vs_nuts(h, small)
+    part = os.environ.get("SSGP_BENCH_PART", "all")
+    if part in ("all", "sweep"):
+        _sweep_cost(h, small)
+    if part in ("all", "nuts"):
+        _vb_vs_nuts(h, small)
