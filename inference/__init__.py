@@ -13,7 +13,8 @@ from zoo import _runtime  # noqa: F401  (JAX set-up and `import numpyro` before 
 from inference._methods import Draws, FitContext, available_methods, register_method
 from inference.api import fit
 from inference.io import load, save
+from inference.mppca_merge import merge_mppca
 from inference.trees import NonFiniteError, build_tree, log_densities
 
 __all__ = ["Draws", "FitContext", "NonFiniteError", "available_methods", "build_tree", "fit", "load",
-           "log_densities", "register_method", "save"]
+           "log_densities", "merge_mppca", "register_method", "save"]
