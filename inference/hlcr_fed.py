@@ -367,12 +367,16 @@ def make_protocol(cfg: Config, server_key: jax.Array) -> Protocol:
                 "n_agent": n_agent, "sse": st.sse, "n_test": jnp.sum(shard.tn)}
 
     def summarize(reports, messages, server: ServerState, active):
-        """Collapsed log joint of every agent's current labels (from their last uploads; exact when
-        dp_noise_scale = 0): log p(y | z) + log p(z | psi) + log Dir(psi), as ``hlcr_gibbs.log_joint``."""
+        """Collapsed log joint of every agent's current labels (from their last uploads; with dp_noise_scale > 0
+        from the server's projected statistics, an approximation): log p(y | z) + log p(z | psi) + log Dir(psi),
+        as ``hlcr_gibbs.log_joint``."""
         from jax.scipy.special import gammaln
 
-        D = prior_prec + messages["D"].sum(0)
-        c = messages["c"].sum(0)
+        if noisy:   # noisy sums may be indefinite: use the server's PSD-projected statistics instead
+            D, c = prior_prec + server.D, server.c
+        else:
+            D = prior_prec + messages["D"].sum(0)
+            c = messages["c"].sum(0)
         ev = jnp.sum(log_normaliser(D, c)) - K * F * jnp.log(cfg.delta) + jnp.sum(reports["const"])
         a = cfg.alpha / K
         lp_psi = gammaln(cfg.alpha) - K * gammaln(a) + (a - 1) * jnp.sum(server.log_psi)
