@@ -275,6 +275,8 @@ def merge_mppca(models: Sequence[Any], *, K: int = 20, variant: str = "ess", n_v
     of the best restart), ``restart_bounds``, ``assignment`` (L, K responsibilities)."""
     if variant not in ("ess", "paper"):
         raise ValueError(f"variant: expected 'ess' or 'paper', got {variant!r}")
+    if len(models) == 0:
+        raise ValueError("models: need at least one fitted model to merge")
     if isinstance(K, bool) or not isinstance(K, int) or K < 1:
         raise ValueError(f"K: expected a positive number of output components, got {K!r}")
     if n_virtual is None:
