@@ -56,8 +56,7 @@ def relaxed_model(F, Y, theta, s, sigma2, a0, b0, lam_q=None):
     with numpyro.plate("output", p, dim=-2), numpyro.plate("latent", m, dim=-1):
         H = numpyro.sample("H", dist.Normal(0.0, jnp.sqrt(s)))
     if sigma2 is None:
-        with numpyro.plate("output", p, dim=-1):
-            sig2 = numpyro.sample("sigma2", dist.InverseGamma(a0, b0))
+        sig2 = numpyro.sample("sigma2", dist.InverseGamma(a0, b0).expand([p]).to_event(1))
     else:
         sig2 = jnp.full((p,), sigma2)
     b = jax.nn.sigmoid(z)
@@ -83,8 +82,7 @@ def guide(F, Y, theta, s, sigma2, a0, b0, lam_q=0.66):
     if sigma2 is None:
         loc = numpyro.param("sig_loc", jnp.log(0.1 * jnp.var(Y, axis=0)))
         scale = numpyro.param("sig_scale", jnp.full((p,), 0.1), constraint=constraints.positive)
-        with numpyro.plate("output", p, dim=-1):
-            numpyro.sample("sigma2", dist.LogNormal(loc, scale))
+        numpyro.sample("sigma2", dist.LogNormal(loc, scale).to_event(1))
 
 
 def fit_params(key, kw, num_steps, learning_rate=0.01, num_particles=4, schedule="paper"):

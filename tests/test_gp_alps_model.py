@@ -119,3 +119,12 @@ def test_other_setups_simulate_with_matching_presets():
     assert d3["t"].shape == (50, 4)
     assert len(za.resolve_kernels("additive_rbf", 4)) == 4
     assert "gp_alps" in zoo.list_models()
+
+
+@pytest.mark.slow  # compiles SVI + the tree builder (~15-80 s on the shared machine)
+def test_generic_svi_autoguide_runs_with_sampled_noise():
+    # regression: the noise site must not reuse the "output" plate at another dim (AutoNormal rejects it)
+    data, _ = za.simulate(0, n=40)
+    tree = inference.fit("gp_alps", data, "svi", seed=0, kernels=za.preset_kernels("square_wave")[:2],
+                         num_steps=100, num_samples=20)
+    assert tree["posterior"]["sigma2"].shape == (1, 20, 1)

@@ -94,8 +94,7 @@ def model(F, configs, theta, Y=None, *, n_out=None, s=1.0, sigma2=None, a0=2.0, 
     with numpyro.plate("output", p, dim=-2), numpyro.plate("latent", m, dim=-1):
         H = numpyro.sample("H", dist.Normal(0.0, jnp.sqrt(s)))                          # (p, m)
     if sigma2 is None:
-        with numpyro.plate("output", p, dim=-1):
-            sig2 = numpyro.sample("sigma2", dist.InverseGamma(a0, b0))
+        sig2 = numpyro.sample("sigma2", dist.InverseGamma(a0, b0).expand([p]).to_event(1))  # one per output
     else:
         sig2 = jnp.broadcast_to(jnp.asarray(sigma2, dtype=jnp.float64), (p,))
     X = jnp.einsum("jnr,jr->jn", F, u)
