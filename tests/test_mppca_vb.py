@@ -142,3 +142,18 @@ def test_empty_components_stay_finite_and_bad_options_are_rejected():
         inference.fit("mppca", data, "vbem", seed=0, n_init=0)
     with pytest.raises(ValueError, match="K: at most"):
         inference.fit("mppca", {"Y": data["Y"][:5]}, "vbem", seed=0, K=8, q=2)
+
+
+def test_bound_is_below_the_monte_carlo_evidence_bracket():
+    # T3: F <= E_q[ln p(Y | theta)] + E_q[ln p(theta) - ln q(theta)] + 3 SE, the bracket estimated from 2000
+    # draws of q (the tree's log_likelihood, log_prior and log_q); the gap is E_q KL(q(x,z) || p(x,z | Y, theta)).
+    data, opts = mppca.reference_datasets()["t11"]
+    hyper = {k: v for k, v in opts.items() if k in zoo.get("mppca").hyperparameters}
+    tree = inference.fit("mppca", data, "vbem", seed=0, num_samples=2000, **hyper)
+    ll = tree["log_likelihood"]["y"].values.sum(-1)
+    lp = sum(v.values for v in tree["log_prior"].to_dataset().data_vars.values())
+    lq = tree["sample_stats"]["log_q"].values
+    x = (ll + lp - lq).ravel()
+    F = float(tree.attrs["bound_final"])
+    se = x.std(ddof=1) / np.sqrt(x.size)
+    assert F <= x.mean() + 3 * se, (F, x.mean(), se)
