@@ -38,7 +38,7 @@ COMMON_OPTIONS: dict[str, Any] = {"progress": None}
 
 KERNEL_MODULES: tuple[str, ...] = ("inference.hlcr_gibbs", "inference.hlcr_vb", "inference.ssgp_vb", "inference.bpca_vb", "inference.mppca_vb",
                                    "inference.bpca_dppca", "inference.hlcr_fed", "inference.gp_alps_vb",
-                                   "inference.gp_alps_gibbs")
+                                   "inference.gp_alps_gibbs", "inference.gp_alps_svi")
 
 
 @dataclasses.dataclass(frozen=True)
