@@ -440,7 +440,7 @@ def check_options(o: dict) -> None:
 DEFAULTS: dict[str, Any] = {
     "max_iter": 20, "num_chains": 1, "gamma": 1.0, "participation": 1.0, "dropout": 0.0, "leave_own_out": True,
     "prior": "exact", "dp_noise_scale": 0.0, "runner": "inprocess", "on_node_failure": "continue", "chunk": 50,
-    "z_init": None, "num_agents": None,
+    "z_init": None, "num_agents": None, "num_samples": 100,
 }
 
 
@@ -518,8 +518,9 @@ def run_fedgibbs(ctx: FitContext) -> Draws:
     ``prior`` (``"exact"`` | ``"paper"``), ``dp_noise_scale`` (Gaussian noise on the uploaded sums),
     ``runner`` (``"inprocess"`` | ``"ray"``), ``on_node_failure`` (Ray: a dead agent actor is dropped
     (``"continue"``) or stops the run (``"raise"``)), ``z_init`` (initial labels per pair), ``num_agents``.
-    Agents are the data's agent ids. Draws (one per restart): the final labels z, w = D_k^-1 c_k from the
-    server's statistics (Theorem 2's m_k), psi from the server and theta_i = E[theta_i | z, psi]."""
+    Agents are the data's agent ids. Draws (``num_samples`` per restart = chain): the final labels z and psi
+    from the server, with w_k ~ N(D_k^-1 c_k, D_k^-1) from the server's statistics (mean: Theorem 2's m_k) and
+    theta_i ~ Dir(beta psi + N_i): conditional on the final labels, so they understate the label uncertainty."""
     o = ctx.options
     agents = split_by_agent(ctx.data, o["num_agents"])
     h = resolve_hyper(ctx.hyper)
@@ -540,11 +541,17 @@ def run_fedgibbs(ctx: FitContext) -> Draws:
         ps = pair_structure(ctx.data["agent"], ctx.data["entity"])
         n_agent = np.zeros((ps["n_agents"], K))
         np.add.at(n_agent, (ps["pair_agent"], z), 1.0)
-        theta = (h["beta"] * psi + n_agent) / (h["beta"] + n_agent.sum(1, keepdims=True))
-        zs.append(z)
-        ws.append(w)
-        psis.append(psi)
-        thetas.append(theta)
+        # draws of (w, theta) from their conditionals given the final labels and psi (as hlcr_gibbs's
+        # draw_parameters): w_k ~ N(D_k^-1 c_k, D_k^-1) with the server's statistics, theta_i ~ Dir(beta psi + N_i)
+        S = o["num_samples"]
+        k_w, k_t = jax.random.split(jax.random.fold_in(ctx.key, 2 * 10**6 + r))
+        L = np.linalg.cholesky(np.linalg.inv(D))
+        eps = np.asarray(jax.random.normal(k_w, (S, *w.shape)))
+        conc = np.broadcast_to(h["beta"] * psi + n_agent, (S, *n_agent.shape))
+        zs.append(np.broadcast_to(z, (S, len(z))))
+        ws.append(w + np.einsum("kij,skj->ski", L, eps))
+        psis.append(np.broadcast_to(psi, (S, K)))
+        thetas.append(np.exp(np.asarray(sample_log_dirichlet(k_t, jnp.asarray(conc)))))
         hist.append(res.history)
         audits.append(audit)
     log_joint = np.stack([hh["log_joint"] for hh in hist], 1)           # (iteration, chain)
@@ -552,8 +559,7 @@ def run_fedgibbs(ctx: FitContext) -> Draws:
     traces = {"log_joint": log_joint, "n_changed": np.stack([hh["n_changed"] for hh in hist], 1),
               "n_active": np.stack([hh["n_active"] for hh in hist], 1),
               "bytes_uploaded": np.stack([hh["bytes_sent"].sum(1) for hh in hist], 1)}
-    post = {"z": np.stack(zs)[:, None], "w": np.stack(ws)[:, None], "psi": np.stack(psis)[:, None],
-            "theta": np.stack(thetas)[:, None]}
+    post = {"z": np.stack(zs), "w": np.stack(ws), "psi": np.stack(psis), "theta": np.stack(thetas)}
     a0 = audits[0]
     attrs = {"best_chain": best, "rounds": int(len(log_joint)), "num_agents": len(agents),
              "protocol_audit": json.dumps({k: a0[k] for k in ("uplink", "downlink", "monitoring", "message_nbytes")}),
