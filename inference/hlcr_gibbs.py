@@ -243,22 +243,25 @@ def run(key, pdat: PairData, hyper: Hyper, *, num_warmup: int, num_samples: int,
     else:
         z0 = jnp.broadcast_to(jnp.asarray(z_init, dtype=jnp.int32), (num_chains, E))
     state = jax.vmap(lambda z: init(z.astype(jnp.int32), pdat, hyper))(z0)
-    sweep = jax.vmap(lambda k, s: step(k, s, pdat, hyper, prior, kernel, events))
 
-    def one(s, k):
-        # every sweep also draws (w, theta) from their conditionals; warm-up and thinned-out sweeps are
-        # dropped afterwards. One scan body for warm-up and sampling = one compilation (the sweep is what
-        # costs compile time; the extra conditional draws are O(K F^3 + N K) per sweep).
+    def one(carry, k):
+        # The data (pdat, events) ride in the scan carry instead of being closed over: closed-over arrays
+        # become HLO constants, which slows compilation and makes every data set a new program; as carried
+        # arguments, data sets of the same shapes share one compiled program (and the persistent cache).
+        # Every sweep also draws (w, theta) from their conditionals; warm-up and thinned-out sweeps are
+        # dropped afterwards. One scan body for warm-up and sampling = one compilation.
+        s, pd, ev = carry
         k_sweep, k_par = jax.random.split(k)
-        s, info = sweep(jax.random.split(k_sweep, num_chains), s)
+        s, info = jax.vmap(lambda kk, st: step(kk, st, pd, hyper, prior, kernel, ev))(
+            jax.random.split(k_sweep, num_chains), s)
         w, theta = jax.vmap(lambda kk, st: draw_parameters(kk, st, hyper))(jax.random.split(k_par, num_chains), s)
-        return s, {"z": s.z, "w": w, "psi": jnp.exp(s.log_psi), "theta": theta,
-                   "log_joint_collapsed": info.log_joint, "n_changed": info.n_changed}
+        return (s, pd, ev), {"z": s.z, "w": w, "psi": jnp.exp(s.log_psi), "theta": theta,
+                             "log_joint_collapsed": info.log_joint, "n_changed": info.n_changed}
 
     total = num_warmup + num_samples * thinning
     keys = jax.random.split(k_samp, total)
-    state, out = scan_with_progress(one, state, keys, length=total, chunk=_divisor_chunk(total, chunk),
-                                    progress=progress, desc="hlcr gibbs")
+    (state, _, _), out = scan_with_progress(one, (state, pdat, events), keys, length=total,
+                                            chunk=_divisor_chunk(total, chunk), progress=progress, desc="hlcr gibbs")
     keep = np.arange(num_warmup + thinning - 1, total, thinning)
     out = {k: v[keep] for k, v in out.items()}
     out = {k: jnp.swapaxes(v, 0, 1) for k, v in out.items()}   # (draw, chain, ...) -> (chain, draw, ...)
