@@ -15,6 +15,7 @@ MAX_ITER_SYN3 = 300 if FAST else 1500
 N_INIT = 1 if FAST else 3              # VB restarts
 N_SETS = 1 if FAST else 5              # SYN3 training sets in the paper's comparison
 RUN_NUTS = not FAST                    # FAST: use the stored NUTS reference instead of refitting
+VB_DRAWS = 2000 if FAST else 4000
 
 # %% [markdown]
 # # Bayesian mixtures of PPCA by variational Bayes (Bruneau, Gelgon & Picarougne 2013)
@@ -94,7 +95,7 @@ opts = dict(mppca.T11_NUTS)
 hyper = {k: opts.pop(k) for k in list(opts) if k in ("K", "q", "alpha0", "a0", "b0", "nu0", "tau_fixed")}
 ref = inference.fit("mppca", small, "nuts", seed=0, **opts, **hyper) if RUN_NUTS else \
     references.load("mppca", small, tag="t11")
-vb = inference.fit("mppca", small, "vbem", seed=0, num_samples=4000, **hyper)
+vb = inference.fit("mppca", small, "vbem", seed=0, num_samples=VB_DRAWS, **hyper)
 cands = {"vbem": vb}
 if not FAST:
     cands["svi"] = inference.fit("mppca", small, "svi", seed=0, num_steps=5000, **hyper)
