@@ -676,3 +676,21 @@ def run_vbgmm(ctx: FitContext) -> Draws:
     return Draws(posterior=post, groups={"gmm": gmm},
                  attrs={"converged": int(g.converged_), "n_iter": int(g.n_iter_),
                         "K_eff": int(np.sum(g.weights_ * len(Y) > 2))})
+
+
+def clustering_error(labels_a, labels_b) -> float:
+    """The paper's clustering error (VBmix ``getCouple``, erratum E21): the fraction of point pairs on which two
+    partitions disagree (same cluster in one, different in the other) = 1 - Rand index (unadjusted)."""
+    a, b = np.asarray(labels_a), np.asarray(labels_b)
+    if a.shape != b.shape or a.ndim != 1 or a.size < 2:
+        raise ValueError("labels: expected two 1-D label arrays of the same length >= 2")
+    _, ia = np.unique(a, return_inverse=True)
+    _, ib = np.unique(b, return_inverse=True)
+    table = np.zeros((ia.max() + 1, ib.max() + 1))
+    np.add.at(table, (ia, ib), 1)
+    pairs = lambda x: float(np.sum(x * (x - 1) / 2))  # noqa: E731
+    n = a.size
+    same_both = pairs(table)
+    same_a, same_b = pairs(table.sum(1)), pairs(table.sum(0))
+    disagree = same_a + same_b - 2 * same_both
+    return disagree / (n * (n - 1) / 2)

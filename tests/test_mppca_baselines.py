@@ -59,3 +59,37 @@ def test_vbmppca_beats_vbgmm_in_held_out_log_likelihood_on_digits():
     ll_gmm = g.score(truth["Y_test"]) * len(truth["Y_test"])
     print(f"digits held-out log-lik: VB-MPPCA {ll_vb:.0f} (K'={len(s['keep'])}), VBGMM {ll_gmm:.0f}")
     assert ll_vb > ll_gmm
+
+
+def test_clustering_error_is_one_minus_the_rand_index():
+    # T13: equals 1 - sklearn rand_score exactly; identical partitions -> 0; invariant to relabelling.
+    from sklearn.metrics import rand_score
+
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(4, size=300), rng.integers(6, size=300)
+    assert abs(V.clustering_error(a, b) - (1 - rand_score(a, b))) <= 1e-12
+    assert V.clustering_error(a, a) == 0.0
+    assert V.clustering_error(a, (a + 2) % 4) == 0.0
+
+
+@pytest.mark.slow
+def test_vbmppca_beats_vbgmm_on_syn3_circle_data():
+    # T10 (paper claim C3, qualitative): SYN3, N = 1000, 5 sets, tau = 1 fixed, K_init = 20: mean held-out 2-D
+    # log-lik of VBMPPCA > VBGMM (sklearn, full covariances), and VBMPPCA keeps K' >= 4.
+    res = []
+    for s in range(5):
+        data, truth = mppca.simulate_syn3(100 + s, N=1000)
+        hyper = {**zoo.get("mppca").default_hyper, "K": 20, "q": 8, "tau_fixed": 1.0}
+        cfg, r = V.fit_vbem(data["Y"], hyper, jax.random.key(s), max_iter=1500, tol=1e-8)
+        sm = V.summary_of(cfg, r.state)
+        g = V.fit_vbgmm(data["Y"], 20, seed=s)
+        keep = g.weights_ * len(data["Y"]) > 2
+        Yt = truth["Y_test"][:, :2]
+        ll_vb = V.gmm_logpdf(Yt, sm["weights"], sm["means"][:, :2], sm["covariances"][:, :2, :2]).sum()
+        ll_g = V.gmm_logpdf(Yt, g.weights_[keep] / g.weights_[keep].sum(), g.means_[keep][:, :2],
+                            g.covariances_[keep][:, :2, :2]).sum()
+        res.append((ll_vb, ll_g, len(sm["keep"])))
+    res = np.array(res)
+    m = res.mean(0)
+    print(f"SYN3 held-out 2-D log-lik VBMPPCA {m[0]:.0f} VBGMM {m[1]:.0f} K' {m[2]:.1f}")
+    assert res[:, 0].mean() > res[:, 1].mean() and res[:, 2].min() >= 4
