@@ -126,6 +126,29 @@ def test_probit_mean_field_vb_shrinks_the_random_effect_scale_against_the_truth_
     assert slope < 0.5, slope
 
 
+def test_probit_mean_field_vb_shrinks_the_random_effects_against_nuts_C3():
+    """Notes §6 C3 against the stored NUTS reference (S-PROBIT-10, target_accept 0.99, R-hat 1.009, 2 divergent
+    of 1000 draws). CHARACTERISATION of a known limitation (Albert-Chib mean-field q(y*)): the VB random-effect
+    means are shrunk towards 0 (slope of VB on NUTS means below 0.5) [measured 0.43; prototype 0.155] and the
+    population curve is under-dispersed (sd ratio below 1 everywhere) [0.36-0.77; prototype 0.39-0.75]."""
+    data, truth, tree, ref, sc = _reference("ssgp_probit")
+    b = _rows(sc, "b")
+    slope = np.polyfit(b["mean_ref"].to_numpy(), b["mean"].to_numpy(), 1)[0]
+    assert slope < 0.5, slope
+    g = _rows(sc, "g")
+    assert g["sd_ratio"].max() < 1.0, g["sd_ratio"].max()
+
+
+@pytest.mark.xfail(strict=True, reason="measured E_VB[tau] / E_NUTS[tau] = 0.2908 / 0.5802 = 0.501 on the "
+                   "stored reference, a hair above the notes' characterisation threshold 0.5 (prototype 0.18 vs "
+                   "0.65): the shrinkage is real but slightly less extreme than the notes state")
+def test_probit_vb_tau_is_below_half_the_nuts_tau_C3():
+    """Notes §6 C3: E_VB[tau] < 0.5 E_NUTS[tau] (unit: ratio of posterior means)."""
+    data, truth, tree, ref, sc = _reference("ssgp_probit")
+    tau = _rows(sc, "tau").iloc[0]
+    assert tau["mean"] < 0.5 * tau["mean_ref"], tau
+
+
 # --------------------------------------------------------------------------------------------------
 # B1: the lower bound never decreases
 # --------------------------------------------------------------------------------------------------
