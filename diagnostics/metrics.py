@@ -157,6 +157,13 @@ def joint_metrics(ref: dict[str, np.ndarray], cand: dict[str, np.ndarray], *, se
     if not labels:
         return {"w1_joint": np.nan, "kl_joint": np.nan, "mmd": np.nan, "joint_dim": 0}
     rng = np.random.default_rng(seed)
+    if len(cand[labels[0]]) < 2:
+        # A point estimate (em, vbgmm, dppca): W1 to a point mass is the mean distance of the reference
+        # draws to it; the nearest-neighbour KL and the unbiased MMD need two draws on each side.
+        a = standardised_matrix(ref, ref, labels, min(max_draws, len(ref[labels[0]])), rng)
+        b = standardised_matrix(cand, ref, labels, 1, rng)
+        return {"w1_joint": float(np.linalg.norm(a - b, axis=1).mean()), "kl_joint": np.nan, "mmd": np.nan,
+                "joint_dim": len(labels)}
     n = min(max_draws, len(ref[labels[0]]), len(cand[labels[0]]))
     a = standardised_matrix(ref, ref, labels, n, rng)
     b = standardised_matrix(cand, ref, labels, n, rng)

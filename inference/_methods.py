@@ -36,9 +36,18 @@ SHARED_OPTION_CONSTRAINTS: dict[str, str] = {
 # Options every method accepts.
 COMMON_OPTIONS: dict[str, Any] = {"progress": None}
 
-KERNEL_MODULES: tuple[str, ...] = ("inference.hlcr_gibbs", "inference.hlcr_vb", "inference.ssgp_vb", "inference.bpca_vb", "inference.mppca_vb",
-                                   "inference.bpca_dppca", "inference.hlcr_fed", "inference.gp_alps_vb",
-                                   "inference.gp_alps_gibbs", "inference.gp_alps_svi")
+KERNEL_MODULES: tuple[str, ...] = (
+    "inference.hlcr_gibbs",
+    "inference.hlcr_vb",
+    "inference.hlcr_fed",
+    "inference.mppca_vb",
+    "inference.ssgp_vb",
+    "inference.gp_alps_vb",
+    "inference.gp_alps_gibbs",
+    "inference.gp_alps_svi",
+    "inference.bpca_vb",
+    "inference.bpca_dppca",
+)
 
 
 @dataclasses.dataclass(frozen=True)

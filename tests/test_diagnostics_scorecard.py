@@ -148,6 +148,19 @@ def test_joint_w1_by_assignment_equals_arviz_wasserstein():
     assert metrics.w1_assignment(a, b) == pytest.approx(theirs, rel=1e-9)
 
 
+def test_joint_metrics_of_a_point_estimate_are_the_distance_to_a_point_mass():
+    """em / vbgmm / dppca return one draw: W1 to a point mass is the mean distance of the reference draws
+    to it (exact), and the sample-based KL and MMD, which need two draws, are NaN instead of a crash."""
+    rng = np.random.default_rng(3)
+    ref = {"a": rng.normal(1.0, 2.0, size=500), "b": rng.normal(-1.0, 0.5, size=500)}
+    point = {"a": np.array([1.0]), "b": np.array([-0.5])}
+    out = metrics.joint_metrics(ref, point, max_draws=500)
+    z = np.stack([(ref[k] - ref[k].mean()) / ref[k].std(ddof=1) for k in ("a", "b")], axis=1)
+    p = np.array([(point[k][0] - ref[k].mean()) / ref[k].std(ddof=1) for k in ("a", "b")])
+    assert out["w1_joint"] == pytest.approx(np.linalg.norm(z - p, axis=1).mean(), rel=1e-12)
+    assert np.isnan(out["kl_joint"]) and np.isnan(out["mmd"]) and out["joint_dim"] == 2
+
+
 def test_mmd_is_near_zero_for_one_distribution_and_grows_with_the_shift():
     rng = np.random.default_rng(1)
     a = rng.normal(size=(400, 2))
