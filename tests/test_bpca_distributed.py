@@ -98,12 +98,20 @@ def test_ray_continue_after_failure_on_a_ring_and_fail_when_the_star_hub_dies(ra
 # Cube structure from motion (paper sec. 4.2.1)
 # ------------------------------------------------------------------------------------------------
 
+CUBE_NOISE_XFAIL = (
+    "measured (5 seeds, mean node-max angle to the truth, deg) at noise 0.01/0.05/0.10: D-MFVI (eta = 10) "
+    "0.217/0.847/1.290, centralised VB 0.051/0.257/0.516, SVD 0.024/0.121/0.243. Two real causes, no bug: "
+    "(1) the model's free offset mu centres the columns: centralised VB equals the column-centred SVD to 1e-4 deg "
+    "on all 15 data sets, which loses the variance along the mean camera row (worst seed: VB - SVD = 0.25 deg at "
+    "0.05, 0.51 at 0.10), so even the exact centralised solution misses the notes' 0.1 deg at 0.05 and 0.10; "
+    "(2) eta = 10 is 1e-4..1e-6 of the data curvature tau N_i (E[tau] = 1.3e5/6e3/1.5e3 at 0.01/0.05/0.10): after "
+    "the 2000-round cap the consensus residual is still 0.28/0.10/0.06 (not an early stop: the joint rule never "
+    "fires). With the offset pinned (theta = 1e8) and adaptive eta the notes' tolerance is met, see "
+    "test_cube_noise_gap_is_the_free_offset_and_the_eta_scale")
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="measured on seed 0: D-MFVI 0.18/0.80/1.27 deg vs SVD 0.025/0.13/0.26 deg at "
-                                       "noise 0.01/0.05/0.10. Two causes: the model's mu centres the columns "
-                                       "(centralised VB = column-centred SVD, 0.30 deg at 0.05, vs the row-centred "
-                                       "SVD's 0.13), and at eta = 10 the default stopping rule fires before the "
-                                       "nodes reach the centralised subspace on this high-precision data")
+@pytest.mark.xfail(strict=True, reason=CUBE_NOISE_XFAIL)
 @pytest.mark.parametrize("noise", [0.01, 0.05, 0.10])
 def test_cube_noise_dmfvi_is_as_accurate_as_svd(noise):
     # notes test 9: 5 seeds, J = 5 ring, eta = 10: the node-max angle of D-MFVI to the true structure is within
@@ -113,6 +121,28 @@ def test_cube_noise_dmfvi_is_as_accurate_as_svd(noise):
         _, res, _, _ = B.fit_badmm(data["Y"], data["node"], 5, CUBE_HYPER, KEY, badmm_options())
         a_d = node_max_angle(truth["structure"], res.messages["mw"])
         a_svd = subspace_angle(truth["structure"], svd_structure(data["Y"]))
+        assert a_d <= a_svd + 0.1, (seed, a_d, a_svd)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("noise", [0.01, 0.05, 0.10])
+def test_cube_noise_gap_is_the_free_offset_and_the_eta_scale(noise):
+    # Diagnosis of the xfail above (not a notes test), on the same 5 seeds:
+    # (1) centralised VB with the free offset (theta = 0.01) IS the column-centred SVD (measured: equal to 1e-4 deg),
+    #     i.e. the gap to the Tomasi-Kanade SVD (row-centred only) is the model's mu, not the distribution;
+    # (2) with mu pinned at 0 (theta = 1e8: the row-centred measurement matrix has no offset) and eta adapted to the
+    #     data's curvature (adaptive_eta, eta -> 1000), D-MFVI meets the notes' tolerance: node-max angle within
+    #     0.1 deg of SVD (measured: within 0.022/0.003/0.007 deg at noise 0.01/0.05/0.10)
+    for seed in range(5):
+        data, truth = simulate_cube(seed, noise=noise)
+        Y, S = data["Y"], truth["structure"]
+        a_svd = subspace_angle(S, svd_structure(Y))
+        a_cc = subspace_angle(S, np.linalg.svd(Y - Y.mean(0), full_matrices=False)[2][:3].T)
+        st, _, _ = B.run(B.cfg_from(CUBE_HYPER, 8), B.shard_of(Y), B.init_key(KEY), max_iter=5000, tol=1e-10)
+        assert abs(subspace_angle(S, np.asarray(st.g.mw)) - a_cc) < 0.005, seed
+        _, res, _, _ = B.fit_badmm(Y, data["node"], 5, dict(CUBE_HYPER, theta=1e8), KEY,
+                                   badmm_options(adaptive_eta=True, max_iter=5000))
+        a_d = node_max_angle(S, res.messages["mw"])
         assert a_d <= a_svd + 0.1, (seed, a_d, a_svd)
 
 
