@@ -40,17 +40,20 @@ def test_other_simulators_and_digits_have_the_documented_shapes():
     (None, {"K": 0}, "K"),
     (None, {"tau_fixed": -1.0}, "tau_fixed"),
 ])
-def test_bad_input_raises_a_value_error_naming_the_argument(bad, opts, match):
+@pytest.mark.parametrize("method", ["nuts", "vbem", "em", "vbgmm"])
+def test_bad_input_raises_a_value_error_naming_the_argument(bad, opts, match, method):
+    # d = 1, q >= d, K_init = 0, tau <= 0: rejected before any compilation, whatever the method.
     Y = np.random.default_rng(0).normal(size=(20, 3)) if bad is None else bad
     with pytest.raises(ValueError, match=match):
-        inference.fit("mppca", {"Y": Y}, "nuts", seed=0, **opts)
+        inference.fit("mppca", {"Y": Y}, method, seed=0, **opts)
 
 
-def test_nan_rows_are_rejected_before_compilation():
+@pytest.mark.parametrize("method", ["nuts", "vbem"])
+def test_nan_rows_are_rejected_before_compilation(method):
     Y = np.random.default_rng(0).normal(size=(20, 3))
     Y[3] = np.nan
     with pytest.raises(ValueError, match="Y"):
-        inference.fit("mppca", {"Y": Y}, "nuts", seed=0)
+        inference.fit("mppca", {"Y": Y}, method, seed=0)
 
 
 def test_registered_models_have_the_paper_and_label_invariant_summaries():
