@@ -44,20 +44,48 @@ def test_mppca_em_and_vbgmm_methods_return_model_shaped_trees_on_syn1():
     assert ll_em >= ll_true - 0.02 * abs(ll_true)
     vg = inference.fit("mppca", data, "vbgmm", seed=0, K=6, q=2)
     assert vg["posterior"]["Wt"].shape == (1, 1, 6, 2, 9) and "gmm" in vg.children
+    vp = inference.fit("mppca", data, "vbgmm", seed=0, K=6, q=2, covariance_prior="vbmix")
+    assert vp.attrs["converged"] == 1
+    with pytest.raises(ValueError, match="covariance_prior"):
+        inference.fit("mppca", data, "vbgmm", seed=0, K=6, covariance_prior="wide")
+
+
+@pytest.fixture(scope="module")
+def digits_vbmppca():
+    data, truth = mppca.load_digits_data(0)
+    hyper = {**zoo.get("mppca").default_hyper, "K": 30, "q": 8}
+    cfg, res = V.fit_vbem(data["Y"], hyper, jax.random.key(0), n_init=1, max_iter=3000, tol=1e-8)
+    assert res.converged
+    s = V.summary_of(cfg, res.state)
+    return data, truth, V.gmm_logpdf(truth["Y_test"], s["weights"], s["means"], s["covariances"]).sum(), s
+
+
+DIGITS_VBMIX_XFAIL = ("measured: VB-MPPCA -59648 (K' = 30) vs VBGMM with the paper's prior -55853 (K' = 27, 35 "
+                      "iterations, converged); cause: with W0^-1 = diag(d range^2 / 64) every GMM component gets "
+                      "a broad full covariance, a better density model of the 61-pixel digits than q <= 8 "
+                      "loadings plus isotropic noise (the paper compares clustering error on real data, not "
+                      "log-lik)")
 
 
 @pytest.mark.slow
-def test_vbmppca_beats_vbgmm_in_held_out_log_likelihood_on_digits():
-    # Issue acceptance (paper claim C3 on real data): digits scaled to [-10, 10], 400 held out, K_init = 30,
-    # q = 8; VB-MPPCA (tau learned) has a higher held-out log-likelihood than sklearn's full-covariance VBGMM.
-    data, truth = mppca.load_digits_data(0)
-    hyper = {**zoo.get("mppca").default_hyper, "K": 30, "q": 8}
-    cfg, res = V.fit_vbem(data["Y"], hyper, jax.random.key(0), n_init=1, max_iter=500, tol=1e-6)
-    s = V.summary_of(cfg, res.state)
-    ll_vb = V.gmm_logpdf(truth["Y_test"], s["weights"], s["means"], s["covariances"]).sum()
-    g = V.fit_vbgmm(data["Y"], 30, seed=0)
-    ll_gmm = g.score(truth["Y_test"]) * len(truth["Y_test"])
-    print(f"digits held-out log-lik: VB-MPPCA {ll_vb:.0f} (K'={len(s['keep'])}), VBGMM {ll_gmm:.0f}")
+@pytest.mark.parametrize("prior", ["sklearn", pytest.param("vbmix", marks=pytest.mark.xfail(
+    strict=True, reason=DIGITS_VBMIX_XFAIL))])
+def test_vbmppca_beats_vbgmm_in_held_out_log_likelihood_on_digits(digits_vbmppca, prior):
+    # Issue acceptance: digits scaled to [-10, 10], 400 held out, K_init = 30 for both; VB-MPPCA (q = 8, tau
+    # learned) vs sklearn's full-covariance BayesianGaussianMixture (same alpha0), both run to convergence with
+    # comparable stopping rules (vbem: relative bound change < 1e-8; sklearn: absolute change of its total bound
+    # < 1e-3, ~1e-8 relative), both scored by the plug-in mixture density (sklearn's score() is its Jensen-
+    # lowered E-step quantity, 4381 nats lower here). Wishart scale: sklearn's default (empirical covariance):
+    # VB-MPPCA -59648 vs VBGMM -178407 (sklearn stops after 2 iterations: the k-means partition is an exact
+    # fixed point, the bound change is 0 and 30 forced iterations leave it unchanged; the data-covariance
+    # prior / (nu0 + N_k) leaves tiny variances off each ~46-point cluster's span). The paper's VBGMM prior
+    # (notes 3.7): see the xfail reason.
+    data, truth, ll_vb, s = digits_vbmppca
+    g = V.fit_vbgmm(data["Y"], 30, seed=0, tol=1e-3, max_iter=2000, covariance_prior=prior)
+    assert g.converged_
+    ll_gmm = V.gmm_logpdf(truth["Y_test"], g.weights_, g.means_, g.covariances_).sum()
+    print(f"digits held-out log-lik: VB-MPPCA {ll_vb:.0f} (K'={len(s['keep'])}), VBGMM ({prior} prior) {ll_gmm:.0f} "
+          f"(K'={int(np.sum(g.weights_ * len(data['Y']) > 2))}, {g.n_iter_} iterations)")
     assert ll_vb > ll_gmm
 
 
