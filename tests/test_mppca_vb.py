@@ -194,7 +194,8 @@ def test_empty_components_stay_finite_and_bad_options_are_rejected():
     data, _ = mppca.simulate_small(1, N=80)
     tree = inference.fit("mppca", data, "vbem", seed=0, K=8, q=2, num_samples=50)
     assert 2 <= int(tree.attrs["K_eff"]) < 8
-    for g in ("posterior", "log_likelihood", "log_prior"):
+    assert tree["variational"]["N_k"].values.min() < 1e-8           # the edge case is exercised: N_k = 0
+    for g in ("posterior", "log_likelihood", "log_prior", "variational"):
         assert all(np.all(np.isfinite(v.values)) for v in tree[g].to_dataset().data_vars.values())
     with pytest.raises(ValueError, match="n_init"):
         inference.fit("mppca", data, "vbem", seed=0, n_init=0)
