@@ -41,9 +41,11 @@ lambda^mu = 1/(N tau / J + theta)). Two penalties:
 * ``penalty="kl"`` (N3.4, the paper's appendix B with errata E16-E23 fixed): per directed edge (i, j)
   auxiliaries (rho_ij, phi_ij) with four duals, KL(edge || node) in the node step, KL(node || edge) in the
   edge step (2-3 alternations, started from the previous phi), dual updates of E22/E7, roots chosen per
-  E23 (the smaller positive root when the leading coefficient is negative). Edge variables are computed
-  identically at both ends (never sent). The prototype found this parametrisation does not reach the
-  centralised optimum (N3.4: 1.6-2 % ELBO gap); kept as an option for that comparison.
+  E23 (the smaller positive root when the leading coefficient is negative; when no real root exists, the
+  subproblem is unbounded and the vertex is taken, see ``positive_root``). Edge variables are computed
+  identically at both ends (never sent). It reaches consensus but not the centralised optimum (LR20, ring J = 5,
+  eta = 10, 800 rounds: residual 4.5e-4, ELBO gap -4.7 %, lambda^w 3x too large; N3.4 prototype: 1.6-2 %);
+  kept as an option for that comparison.
 
 q(tau) (learned, ``tau_sharing="consensus"``): the node's local optimum is Gamma(lambda_i) with
 lambda_i = (a_tau + n_obs_i/(2c), b_tau + A_i/(2c)); the centralised q(tau) is their average when c = 1/J,
@@ -88,6 +90,7 @@ PRIOR_WEIGHTS = ("split", "replicate")
 TAU_SHARING = ("consensus", "per-node")
 RUNNERS = ("inprocess", "ray")
 TAU_RHO = 1.0      # ADMM penalty of the q(tau) averaging (unit curvature)
+GUIDE_INIT_SCALE = 0.1   # initial scales of ``guide`` (as NumPyro's autoguides)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -247,10 +250,20 @@ def expected_sq_residual(g: Globals, mz, S, shard: Shard):
 def positive_root(a, b, c):
     """Root of a x^2 + b x - c = 0 (c >= 0) by the notes' rule: the positive root when a >= 0, the smaller
     positive root when a < 0 (erratum E23; a naive larger root picks a local maximum). Computed without
-    cancellation; a negative discriminant (no real root: the subproblem is unbounded) is clipped to 0."""
-    s = jnp.sqrt(jnp.maximum(b * b + 4.0 * a * c, 0.0))
+    cancellation.
+
+    No real root (a < 0, b^2 + 4 a c < 0; only in the ``penalty="kl"`` variance steps, whose duals are linear in
+    the variance): the subproblem is unbounded below (its derivative (a x^2 + b x - c) / (2 x^2) < 0 for all
+    x > 0) and has no minimiser; we return the vertex -b / (2 a), the real part of the complex root pair, where
+    the derivative is closest to 0. (Clipping the discriminant to 0 instead returned 2 c / b, a large
+    variance: on LR20, ring J = 5, this fired at every node from round 2 and the KL variant diverged at
+    eta = 10, NaN from round 18; with the vertex it reaches residual 4.5e-4 in 800 rounds, the notes'
+    prototype's 5e-4.) The quadratic penalty (a = 2 eta k >= 0) never has a negative discriminant."""
+    disc = b * b + 4.0 * a * c
+    s = jnp.sqrt(jnp.maximum(disc, 0.0))
     safe_a = jnp.where(a == 0, 1.0, a)
-    return jnp.where(b > 0, 2.0 * c / jnp.where(b > 0, b + s, 1.0), (s - b) / (2.0 * safe_a))
+    root = jnp.where(b > 0, 2.0 * c / jnp.where(b > 0, b + s, 1.0), (s - b) / (2.0 * safe_a))
+    return jnp.where(disc < 0, -b / (2.0 * safe_a), root)
 
 
 def _mean_pen(cfg: Cfg, pen, name: str, v_old):
@@ -652,10 +665,13 @@ def guide(X, mask, M, tau=None, alpha=1.0, theta=0.01, a_tau=1e-3, b_tau=1e-3, a
     for ``zoo.bpca.model``: ``TraceMeanField_ELBO`` with it is the closed-form ELBO (test 2), and SVI with it
     optimises the same objective as ``vbem`` (test 14)."""
     N, D = X.shape
-    W_loc = numpyro.param("W_loc", jnp.zeros((D, M)))
-    W_scale = numpyro.param("W_scale", jnp.ones((D, M)), constraint=dist.constraints.positive)
+    # initial values as NumPyro's autoguides (median of prior draws for W's locations: W = 0 is a saddle point of
+    # the ELBO; scales init_scale = 0.1); fitted values are substituted for them in test 2
+    W_loc = numpyro.param("W_loc", lambda key: jnp.median(jax.random.normal(key, (15, D, M)), axis=0)
+                          * jnp.broadcast_to(jnp.asarray(alpha if alpha is not None else 1.0, float), (M,)) ** -0.5)
+    W_scale = numpyro.param("W_scale", jnp.full((D, M), GUIDE_INIT_SCALE), constraint=dist.constraints.positive)
     mu_loc = numpyro.param("mu_loc", jnp.zeros(D))
-    mu_scale = numpyro.param("mu_scale", jnp.ones(D), constraint=dist.constraints.positive)
+    mu_scale = numpyro.param("mu_scale", jnp.full(D, GUIDE_INIT_SCALE), constraint=dist.constraints.positive)
     numpyro.sample("mu", dist.Normal(mu_loc, mu_scale).to_event(1))
     if alpha is None:
         sa = numpyro.param("alpha_shape", jnp.ones(M), constraint=dist.constraints.positive)
@@ -667,7 +683,8 @@ def guide(X, mask, M, tau=None, alpha=1.0, theta=0.01, a_tau=1e-3, b_tau=1e-3, a
         rt = numpyro.param("tau_rate", jnp.asarray(1.0), constraint=dist.constraints.positive)
         numpyro.sample("tau", dist.Gamma(st, rt))
     z_loc = numpyro.param("z_loc", jnp.zeros((N, M)))
-    z_tril = numpyro.param("z_scale_tril", jnp.tile(jnp.eye(M), (N, 1, 1)), constraint=dist.constraints.lower_cholesky)
+    z_tril = numpyro.param("z_scale_tril", jnp.tile(GUIDE_INIT_SCALE * jnp.eye(M), (N, 1, 1)),
+                           constraint=dist.constraints.lower_cholesky)
     with numpyro.plate("row", N):
         numpyro.sample("z", dist.MultivariateNormal(z_loc, scale_tril=z_tril))
 

@@ -1,7 +1,9 @@
 """SVI baseline (NumPyro) with the three standard autoguides, available for every model.
 
 ``guide``: ``"normal"`` (AutoNormal, mean field), ``"lowrank"`` (AutoLowRankMultivariateNormal,
-``rank`` option) or ``"mvn"`` (AutoMultivariateNormal). Adam (optax) with ``learning_rate``;
+``rank`` option) or ``"mvn"`` (AutoMultivariateNormal), or a callable: a hand-written NumPyro guide with the
+model's signature (e.g. ``inference.bpca_vb.guide``, the closed-form MFVI family of BPCA; ``init`` and ``rank``
+are then unused). Adam (optax) with ``learning_rate``;
 ``num_steps`` steps; the ELBO trace is kept in ``sample_stats.elbo``. ``num_samples`` draws are taken
 from the fitted guide, and ``log_q`` (the guide's log density at each draw, in the model's
 constrained space) is stored with them so PSIS k-hat can be computed (Yao et al. 2018).
@@ -25,15 +27,18 @@ _GUIDES = ("normal", "lowrank", "mvn")
 
 
 def _check(options: dict) -> None:
-    if options["guide"] not in _GUIDES:
-        raise ValueError(f"guide: expected one of {list(_GUIDES)}, got {options['guide']!r}")
+    if not callable(options["guide"]) and options["guide"] not in _GUIDES:
+        raise ValueError(f"guide: expected one of {list(_GUIDES)} or a NumPyro guide function, "
+                         f"got {options['guide']!r}")
     if options["init"] not in _INIT:
         raise ValueError(f"init: expected one of {sorted(_INIT)}, got {options['init']!r}")
     if options["rank"] is not None and (not isinstance(options["rank"], int) or options["rank"] < 1):
         raise ValueError(f"rank: expected a positive integer or None, got {options['rank']!r}")
 
 
-def make_guide(model, kind: str, init: str = "median", rank: int | None = None):
+def make_guide(model, kind, init: str = "median", rank: int | None = None):
+    if callable(kind):
+        return kind
     init_loc_fn = _INIT[init]
     if kind == "normal":
         return AutoNormal(model, init_loc_fn=init_loc_fn)
