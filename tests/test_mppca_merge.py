@@ -213,9 +213,10 @@ def t9_models():
 
 T9_PAPER_XFAIL = ("measured: fixed-x2 K' = 7 (2 models) and 13 (10 models), held-out 2-D -6086.2 (1.5 % below the "
                   "input median -5996.7) and -5994.0; ESS: K' = 4 and 5, -5992.4 and -5986.1; cause: the single-"
-                  "restart inputs keep split clusters (input K' 4-8); fixed x2 cannot pool inputs whose loading "
-                  "columns disagree (E15) and N = 200000 makes every input's assignment hard (E13), so the split "
-                  "input components survive as output components")
+                  "restart inputs split clusters (input K' 4-8; model 2 cuts cluster 0 into 5 pieces of rank 0-1) "
+                  "and fixed x2 matches loadings column by column, so pieces whose columns describe sub-cluster "
+                  "spreads cannot share an output component (4 output components on cluster 0); not the virtual "
+                  "size: with N = 2000 (the true count) instead of 200000 still K' = 7, -6083.3")
 
 
 @pytest.mark.slow
