@@ -46,7 +46,7 @@ demo: $(STAMP)
 	$(VENV)/bin/zoo demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" --durations=25
 
 test-all: $(STAMP)
 	$(PY) -m pip install -q -e '.[dev,distributed]'
