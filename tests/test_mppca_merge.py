@@ -1,4 +1,4 @@
-"""VB merging of MPPCA models from parameters only (notes T6, T7, T8; incremental merging)."""
+"""VB merging of MPPCA models from parameters only (notes T6, T7, T8, E15, T9; incremental merging)."""
 
 import jax
 import numpy as np
