@@ -136,6 +136,8 @@ def test_paper_merge_recovers_pooled_estimates_at_the_notes_splits(t8_runs, M):
     # within 1.5 % (M_in <= 10) / 4 % (M_in = 50) of the pooled per-cluster PPCA fit.
     models, pooled, truth, merged = t8_runs[M]
     out = merged["paper"]
+    F = out["bound"]                                             # T6 at this split: monotone after sweep 1
+    assert np.all(np.diff(F)[1:] >= -1e-7 * np.abs(F).max())
     assert out["K_eff"] == 4
     cluster = np.tile(np.arange(4), M)                           # input l = component l % 4 of model l // 4
     hard = np.argmax(out["assignment"], axis=1)
@@ -163,6 +165,8 @@ def test_ess_merge_recovers_pooled_estimates_at_the_notes_splits(t8_runs, M):
     # visibly shrunk against the ML pooled fit; with N = 200000 the pseudo-posterior is a point mass.)
     models, pooled, truth, merged = t8_runs[M]
     out = merged["ess"]
+    F = out["bound"]                                             # T6 at this split: monotone after sweep 1
+    assert np.all(np.diff(F)[1:] >= -1e-7 * np.abs(F).max())
     assert out["K_eff"] == 4
     order = _match(out, pooled)
     assert sorted(order) == [0, 1, 2, 3]
