@@ -77,7 +77,10 @@ def common_trees(trees: Mapping[str, xr.DataTree], *, var_names: Sequence[str] |
     labels = [lab for lab in common if labels is None or lab in set(labels)][:max_panels]
     if not labels:
         raise ValueError("trees: no scalar quantity is common to every tree")
-    n = min(len(f[labels[0]]) for f in flats.values())
+    # Point estimates (one draw: em, vbgmm, dppca) must not shrink every other method to one draw;
+    # they are repeated to the common size and drawn as lines by ``plot_marginals``.
+    sizes = [len(f[labels[0]]) for f in flats.values()]
+    n = min([s for s in sizes if s > 1] or [1])
     rng = np.random.default_rng(seed)
     first = next(iter(flats.values()))
     loc = {lab: float(np.mean(first[lab])) if standardise else 0.0 for lab in labels}
@@ -85,7 +88,10 @@ def common_trees(trees: Mapping[str, xr.DataTree], *, var_names: Sequence[str] |
     out = {}
     for name, flat in flats.items():
         total = len(flat[labels[0]])
-        rows = np.sort(rng.choice(total, size=n, replace=False)) if n < total else np.arange(total)
+        if total == 1:
+            rows = np.zeros(n, dtype=int)
+        else:
+            rows = np.sort(rng.choice(total, size=n, replace=False)) if n < total else np.arange(total)
         ds = xr.Dataset({lab: (("chain", "draw"), (flat[lab][rows][None] - loc[lab]) / scale[lab]) for lab in labels},
                         coords={"chain": [0], "draw": np.arange(n)})
         out[name] = xr.DataTree.from_dict({"posterior": ds})
@@ -109,15 +115,45 @@ def plot_marginals(trees: Mapping[str, xr.DataTree], path: str | os.PathLike | N
 
     _mpl()
     common = common_trees(trees, var_names=var_names, labels=labels, max_panels=max_panels)
+    common, points = _split_point_masses(common)
     n_panels = len(next(iter(common.values()))["posterior"].data_vars)
-    pc = azp.plot_dist(common, kind="kde", col_wrap=_cols(n_panels), color=_colors(len(common)),
+    colors = _colors(len(common))
+    pc = azp.plot_dist(common, kind="kde", col_wrap=_cols(n_panels), color=colors,
                        visuals={"credible_interval": False, "point_estimate": False,
                                 "point_estimate_text": False},
                        figure_kwargs={"figsize": (3.2 * _cols(n_panels), 2.7 * -(-n_panels // _cols(n_panels)) + 0.6)})
+    for (name, label), value in points.items():
+        ax = pc.viz["plot"][label].item()
+        ax.axvline(value, color=colors[list(common).index(name)], lw=1.6, ls="--")
     pc.add_legend("model", loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=min(len(common), 6),
                   frameon=False, title="method")
+    if points:
+        fig = pc.viz["figure"].item()
+        fig.text(0.5, 0.0, "dashed vertical line: a method whose draws of that quantity are all equal (a point "
+                 "estimate, e.g. EM or a type-II ML hyperparameter)", ha="center", va="top", fontsize=8)
     _save(pc, path)
     return pc
+
+
+def _split_point_masses(common: dict[str, xr.DataTree]) -> tuple[dict[str, xr.DataTree], dict]:
+    """Quantities a method holds fixed (all draws equal) have no density: a kernel density estimate of
+    them fails. They are set to NaN for ``plot_dist`` (which then draws nothing) and returned as
+    ``{(method, label): value}`` to be drawn as vertical lines. Quantities that are constant in the
+    reference (the first tree; sd below 1e-8 of the scale, e.g. a co-clustering probability the data settle) are
+    dropped."""
+    ref = next(iter(common.values()))["posterior"].to_dataset()
+    keep = [k for k in ref.data_vars if np.std(ref[k].values) > 1e-8 * max(1.0, abs(float(ref[k].mean())))]
+    keep = keep or list(ref.data_vars)
+    out, points = {}, {}
+    for name, tree in common.items():
+        ds = tree["posterior"].to_dataset()[keep]
+        for k in keep:
+            v = ds[k].values
+            if np.ptp(v) == 0:
+                points[(name, k)] = float(v.flat[0])
+                ds[k] = ds[k].copy(data=np.full_like(v, np.nan))
+        out[name] = xr.DataTree.from_dict({"posterior": ds})
+    return out, points
 
 
 def plot_forest(trees: Mapping[str, xr.DataTree], path: str | os.PathLike | None = None, *,
@@ -228,11 +264,17 @@ def plot_sensitivity(tree: xr.DataTree, path: str | os.PathLike | None = None, *
             break
         chosen.append(k)
         count += size
-    coords = {}
-    for k in chosen:
-        for d in post[k].dims:
-            if d not in ("chain", "draw") and post.sizes[d] > max_panels:
-                coords[d] = slice(0, max_panels)
+    # The first variable is always shown; when it alone has more than max_panels entries, its trailing
+    # dims keep their first entries and the leading ones are cut to fit (e.g. W[k, d, q] -> W[0, :6, :2]).
+    coords, budget = {}, max_panels
+    if count > max_panels:  # only the first variable can be over the budget (see the loop above)
+        for d in reversed([d for d in post[chosen[0]].dims if d not in ("chain", "draw")]):
+            keep = max(1, min(post.sizes[d], budget))
+            if keep < post.sizes[d]:
+                coords[d] = slice(0, keep)
+            budget = max(1, budget // keep)
+    count = sum(int(np.prod([min(post.sizes[d], coords[d].stop) if d in coords else post.sizes[d]
+                             for d in post[k].dims if d not in ("chain", "draw")])) for k in chosen)
     if len(post.data_vars) == 1:
         # arviz-plots 1.3 bug: with a single posterior variable ``extract`` returns a DataArray and
         # plot_psense_dist fails (TypeError in get_group); a second, unplotted copy avoids it.

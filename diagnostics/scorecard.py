@@ -26,6 +26,9 @@ standard errors so that a sampler is not failed for the noise of a short run:
 * spread: SD_RATIO_RANGE[0] (0.8) <= sd_ratio <= SD_RATIO_RANGE[1] (1.25), each end moved out by
   3 sd_ratio sqrt(1/(2 ess_bulk) + 1/(2 ess_bulk_ref));
 * for methods that store log q: k-hat <= 0.7 (above it the approximation misses posterior mass);
+* point estimates (one draw) are judged on the mean rule only; quantities the reference holds fixed
+  (sd below ``FIXED_SD``, e.g. a noise precision given as a constant) are left out and listed in
+  ``df.attrs["fixed_in_reference"]``;
 * the reference itself passes MCMC health (R-hat < 1.01, bulk ESS > 400, no divergences), else the
   method is "not judged".
 """
@@ -46,6 +49,7 @@ HEALTH_ESS_MIN = 400
 MEAN_TOL = 0.2  # reference sd
 SD_RATIO_RANGE = (0.8, 1.25)
 MC_WIDEN = 3.0  # Monte Carlo standard errors added to each tolerance
+FIXED_SD = 1e-9  # reference sd below this (relative to max(1, |mean|)): the quantity is fixed, not compared
 ESS_WARN = 100  # fewer effective draws than this: the comparison is noisy (a warning)
 
 
@@ -148,6 +152,9 @@ def scorecard(reference: xr.DataTree, candidates: Mapping[str, xr.DataTree] | xr
     health = reference_health(reference, ref_ds)
     ref = _flat_draws(ref_ds, var_names)
     ref_ess = _flat_ess(ref_ds, list(ref))
+    # A quantity the reference holds fixed (e.g. tau with tau_fixed) has no spread to compare against.
+    fixed = [lab for lab, r in ref.items() if np.std(r) <= FIXED_SD * max(1.0, abs(float(np.mean(r))))]
+    ref = {lab: r for lab, r in ref.items() if lab not in fixed}
     rows = []
     for method, tree in candidates.items():
         cand_ds = compared_posterior(tree)
@@ -159,6 +166,7 @@ def scorecard(reference: xr.DataTree, candidates: Mapping[str, xr.DataTree] | xr
                 continue
             q = cand[label]
             sd_ref = float(np.std(r, ddof=1))
+            sd_q = float(np.std(q, ddof=1)) if len(q) > 1 else float("nan")  # a point estimate has no sd
             scale = sd_ref if sd_ref > 0 else 1.0
             lo50, hi50 = np.quantile(q, [0.25, 0.75])
             lo90, hi90 = np.quantile(q, [0.05, 0.95])
@@ -166,9 +174,9 @@ def scorecard(reference: xr.DataTree, candidates: Mapping[str, xr.DataTree] | xr
             rows.append({
                 "method": method, "parameter": label,
                 "mean_ref": float(np.mean(r)), "mean": float(np.mean(q)),
-                "sd_ref": sd_ref, "sd": float(np.std(q, ddof=1)),
+                "sd_ref": sd_ref, "sd": sd_q,
                 "std_mean_error": abs(float(np.mean(q) - np.mean(r))) / scale,
-                "sd_ratio": float(np.std(q, ddof=1)) / scale,
+                "sd_ratio": sd_q / scale,
                 "w1_sd": float(stats.wasserstein_distance(q, r)) / scale,
                 "cover50": float(np.mean((r >= lo50) & (r <= hi50))),
                 "cover90": float(np.mean((r >= lo90) & (r <= hi90))),
@@ -177,13 +185,16 @@ def scorecard(reference: xr.DataTree, candidates: Mapping[str, xr.DataTree] | xr
             })
     df = pd.DataFrame(rows, columns=COLUMNS)
     if len(df):
-        inv = 1 / df["ess_bulk"].clip(lower=1) + 1 / df["ess_bulk_ref"].clip(lower=1)
+        # A point estimate (one draw: no ESS) has no Monte Carlo error of its own and no spread to judge.
+        inv = (1 / df["ess_bulk"].clip(lower=1)).fillna(0) + (1 / df["ess_bulk_ref"].clip(lower=1)).fillna(0)
         df["mcse_mean_sd"] = np.sqrt(inv)
         sd_noise = MC_WIDEN * df["sd_ratio"] * np.sqrt(inv / 2)
         mean_ok = df["std_mean_error"] <= MEAN_TOL + MC_WIDEN * df["mcse_mean_sd"]
-        sd_ok = (df["sd_ratio"] >= SD_RATIO_RANGE[0] - sd_noise) & (df["sd_ratio"] <= SD_RATIO_RANGE[1] + sd_noise)
+        sd_ok = df["sd_ratio"].isna() | ((df["sd_ratio"] >= SD_RATIO_RANGE[0] - sd_noise)
+                                         & (df["sd_ratio"] <= SD_RATIO_RANGE[1] + sd_noise))
         df["ok"] = mean_ok & sd_ok
     df.attrs["reference_health"] = health
+    df.attrs["fixed_in_reference"] = fixed
     return df
 
 
@@ -319,5 +330,8 @@ def _verdict(row: dict, sub: pd.DataFrame, health: dict) -> tuple[str, str]:
         return "fail", "; ".join(fails + warns)
     if warns:
         return "warn", "; ".join(warns)
+    if row.get("kind") == "point":
+        return "pass", (f"a point estimate: every value is within {MEAN_TOL} reference sd of the reference mean "
+                        f"(it has no spread to judge)")
     return "pass", (f"every quantity agrees with the reference (means within {MEAN_TOL} sd, sd ratios within "
                     f"{SD_RATIO_RANGE[0]}-{SD_RATIO_RANGE[1]})")

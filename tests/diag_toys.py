@@ -58,7 +58,7 @@ NORMAL = zoo.ModelSpec(
     name="dq_normal", model=normal_model, simulate=normal_simulate, paper="(diagnostics test toy)",
     data_fields=(zoo.DataField("y", ("n",)),),
     hyperparameters={"mu0": zoo.Hyper(0.0, "any"), "tau0": zoo.Hyper(1.0), "sigma": zoo.Hyper(2.0)},
-    methods=("nuts", "svi", "exact", "noprior", "doubleprior", "shifted", "narrow", "exact_q"),
+    methods=("nuts", "svi", "exact", "noprior", "doubleprior", "shifted", "narrow", "exact_q", "point"),
     demo_sizes={"n": 4},
     demo_options={"nuts": {"num_warmup": 300, "num_samples": 500}, "svi": {"num_steps": 1500}},
 )
@@ -118,7 +118,7 @@ LINREG = zoo.ModelSpec(
     name="dq_linreg", model=linreg_model, simulate=linreg_simulate, paper="(diagnostics test toy)",
     data_fields=(zoo.DataField("X", ("n", 2)), zoo.DataField("y", ("n",))),
     hyperparameters={"s0": zoo.Hyper(3.0), "sigma": zoo.Hyper(1.0)},
-    methods=("nuts", "svi", "exact", "exact_q", "meanfield", "shifted", "narrow"),
+    methods=("nuts", "svi", "exact", "exact_q", "meanfield", "shifted", "narrow", "point"),
     demo_sizes={"n": 40},
     demo_options={"nuts": {"num_warmup": 300, "num_samples": 500}, "svi": {"num_steps": 1500},
                   "exact": {"num_samples": 2000, "num_chains": 2}},
@@ -226,3 +226,11 @@ def narrow(ctx):
     name, m, c, event = _gaussian(ctx)
     x, stats = _draw(ctx, m, c * ctx.options["factor"] ** 2, event, 1, ctx.options["num_samples"], log_q=True)
     return Draws(posterior={name: x}, sample_stats=stats)
+
+
+@register_method("point", kind="point", models=_TOYS, options={"shift": 0.0})
+def point(ctx):
+    """One draw: the posterior mean moved by ``shift`` posterior sd (a point estimate such as EM's)."""
+    name, m, c, _ = _gaussian(ctx)
+    x = m + ctx.options["shift"] * np.sqrt(np.diag(c))
+    return Draws(posterior={name: np.asarray(x)[None, None]})

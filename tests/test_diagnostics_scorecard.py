@@ -125,6 +125,31 @@ def test_per_method_scores_have_joint_metrics_bound_and_timing(scores):
     assert np.isnan(s.loc["shifted", "bound"])  # records no trace
 
 
+@pytest.mark.parametrize("shift, verdict", [(0.0, "pass"), (1.0, "fail")])
+def test_point_estimates_are_judged_on_their_values_only(reference, data, shift, verdict):
+    """A one-draw method has no spread and no Monte Carlo error of its own: the mean rule alone decides
+    (a point 1 reference sd off fails it; before, NaN MCSEs let every point estimate pass)."""
+    pt = inference.fit("dq_linreg", data, "point", seed=0, shift=shift)
+    card = diagnostics.scorecard(reference, {"pt": pt})
+    assert card["sd_ratio"].isna().all() and card["ok"].all() == (verdict == "pass")
+    np.testing.assert_allclose(card["std_mean_error"], shift, atol=0.08)  # MCSE of the 4000-draw reference mean
+    s = method_scores(reference, {"pt": pt}).set_index("method")
+    assert s.loc["pt", "kind"] == "point" and s.loc["pt", "verdict"] == verdict
+    assert np.isnan(s.loc["pt", "kl_joint"]) and s.loc["pt", "w1_joint"] > 0
+
+
+def test_quantities_the_reference_holds_fixed_are_not_compared(reference):
+    """A constant in the reference (e.g. tau given by tau_fixed) has sd 0: no ratio to form, left out."""
+    post = reference["posterior"].to_dataset()
+    first = post[next(iter(post.data_vars))]
+    scalar = first.isel({d: 0 for d in first.dims if d not in ("chain", "draw")})
+    ref = reference.copy()
+    ref["posterior"] = xr.DataTree(post.assign(fixed=xr.full_like(scalar, 1.0)))
+    card = diagnostics.scorecard(ref, {"same": ref})
+    assert "fixed" in card.attrs["fixed_in_reference"] and "fixed" not in set(card["parameter"])
+    assert card["ok"].all()
+
+
 def test_ess_per_second_only_for_samplers(reference, data):
     nuts = inference.fit("dq_linreg", data, "nuts", seed=7, num_warmup=300, num_samples=500)
     s = method_scores(reference, {"nuts": nuts}).set_index("method")

@@ -355,8 +355,12 @@ SPEC = register(ModelSpec(
     summaries=summaries,
     method_options={"nuts": {"target_accept_prob": 0.9}},
     demo_sizes={"N": 200, "N_test": 200},
-    demo_options={"nuts": {"num_warmup": 300, "num_samples": 300, "K": 4, "q": 2, **NUTS_PRIORS},
-                  "svi": {"num_steps": 3000, "K": 4, "q": 2, **NUTS_PRIORS}},
+    # zoo compare/demo run on the T11 problem (the stored reference), every method on the same model.
+    demo_options={"nuts": {"num_warmup": 300, "num_samples": 300, "K": 2, "q": 1, **NUTS_PRIORS},
+                  "svi": {"num_steps": 3000, "K": 2, "q": 1, **NUTS_PRIORS},
+                  "vbem": {"K": 2, "q": 1, **NUTS_PRIORS},
+                  "em": {"K": 2, "q": 1, "tau_fixed": 1.0},
+                  "vbgmm": {"K": 2}},
     reference_options={"num_warmup": 500, "num_samples": 1000, "num_chains": 2, "K": 4, "q": 2, **NUTS_PRIORS},
     reference_datasets=reference_datasets,
 ))
