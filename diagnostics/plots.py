@@ -257,6 +257,9 @@ def plot_sensitivity(tree: xr.DataTree, path: str | os.PathLike | None = None, *
     data = _analysis_tree(tree)
     post = data["posterior"].to_dataset()
     names = [k for k in (var_names or post.data_vars) if np.issubdtype(post[k].dtype, np.floating)]
+    # smallest variables first: the scalar hyperparameters are where prior sensitivity matters most
+    names = sorted(names, key=lambda k: int(np.prod([post[k].sizes[d] for d in post[k].dims
+                                                     if d not in ("chain", "draw")])))
     chosen, count = [], 0
     for k in names:
         size = int(np.prod([post[k].sizes[d] for d in post[k].dims if d not in ("chain", "draw")]))
@@ -275,13 +278,17 @@ def plot_sensitivity(tree: xr.DataTree, path: str | os.PathLike | None = None, *
             budget = max(1, budget // keep)
     count = sum(int(np.prod([min(post.sizes[d], coords[d].stop) if d in coords else post.sizes[d]
                              for d in post[k].dims if d not in ("chain", "draw")])) for k in chosen)
+    # Subset by position here: plot_psense_dist's ``coords`` selects by label and is ignored for dims
+    # without coordinate values (ssgp's 50-point curve gave 100 subplots).
+    post = post.isel({d: coords[d] for d in coords if d in post.dims})
     if len(post.data_vars) == 1:
         # arviz-plots 1.3 bug: with a single posterior variable ``extract`` returns a DataArray and
         # plot_psense_dist fails (TypeError in get_group); a second, unplotted copy avoids it.
-        data = data.copy()
-        data["posterior"] = xr.DataTree(post.assign({"__copy__": post[chosen[0]]}))
+        post = post.assign({"__copy__": post[chosen[0]]})
+    data = data.copy()
+    data["posterior"] = xr.DataTree(post)
     rows = min(count, max_panels)
     pc = azp.plot_psense_dist(data, var_names=chosen, prior_var_names=list(prior_sites) if prior_sites else None,
-                              coords=coords or None, figure_kwargs={"figsize": (10, 0.8 + 2.5 * rows)})
+                              figure_kwargs={"figsize": (10, 0.8 + 2.5 * rows)})
     _save(pc, path)
     return pc
