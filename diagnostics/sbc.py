@@ -54,6 +54,7 @@ from numpyro import handlers
 from numpyro.primitives import Messenger
 
 import zoo
+from inference.io import replace_atomically
 
 PIT_SD = 1 / np.sqrt(12)  # sd of U(0, 1)
 
@@ -215,7 +216,7 @@ def _atomic_savez(path: Path, **arrays) -> None:
     try:
         with os.fdopen(fd, "wb") as fh:
             np.savez(fh, **arrays)
-        os.replace(tmp, path)
+        replace_atomically(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -9,6 +9,15 @@ from pathlib import Path
 import xarray as xr
 
 
+def replace_atomically(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Rename the finished temporary file ``tmp`` to ``path`` with the permissions a plain ``open``
+    would give (``mkstemp`` creates files readable by the owner only)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, path)
+
+
 def save(tree: xr.DataTree, path: str | os.PathLike) -> Path:
     """Write ``tree`` to ``path`` (netCDF4/HDF5). The file appears only when complete: it is written
     to a temporary file in the same directory and renamed, so an interrupted run never leaves a
@@ -21,7 +30,7 @@ def save(tree: xr.DataTree, path: str | os.PathLike) -> Path:
     os.close(fd)
     try:
         tree.to_netcdf(tmp, engine="h5netcdf")
-        os.replace(tmp, path)
+        replace_atomically(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
