@@ -190,7 +190,8 @@ def compare(
     seed: Annotated[int, typer.Option(help="Random seed for every fit.")] = 0,
     fresh: Annotated[bool, typer.Option(help="Refit even when a matching result exists in --out.")] = False,
 ) -> None:
-    """Fit several methods on the model's default data and write the comparison (scorecard, plots,
+    """Fit several methods on the model's reference data (its default data, or the dataset of its stored NUTS
+    reference) and write the comparison (scorecard, plots,
     HTML report) against the MCMC reference to --out/MODEL/."""
     _setup()
     spec = _spec(model)
