@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from numpyro.infer import MCMC, NUTS, init_to_median, init_to_sample
+from numpyro.infer import MCMC, NUTS, init_to_median, init_to_sample, init_to_uniform
 
 from inference._methods import Draws, FitContext, register_method
 from inference.progress import progress_enabled
 
-_INIT = {"prior": init_to_sample, "median": init_to_median}
+# "uniform": unconstrained values uniform in (-2, 2); use it when the prior median is degenerate (a
+# Gamma(0.001, 0.001) precision has median ~1e-300: "median" starts SVI with an infinite noise variance).
+_INIT = {"prior": init_to_sample, "median": init_to_median, "uniform": init_to_uniform}
 
 
 def _check(options: dict) -> None:

@@ -16,13 +16,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from numpyro import handlers
-from numpyro.infer import SVI, Trace_ELBO, init_to_median, init_to_sample
+from numpyro.infer import SVI, Trace_ELBO, init_to_median, init_to_sample, init_to_uniform
 from numpyro.infer.autoguide import AutoLowRankMultivariateNormal, AutoMultivariateNormal, AutoNormal
 
 from inference._methods import Draws, FitContext, register_method
 from inference.progress import progress_enabled
 
-_INIT = {"prior": init_to_sample, "median": init_to_median}
+# "uniform": unconstrained values uniform in (-2, 2); use it when the prior median is degenerate (a
+# Gamma(0.001, 0.001) precision has median ~1e-300: "median" starts SVI with an infinite noise variance).
+_INIT = {"prior": init_to_sample, "median": init_to_median, "uniform": init_to_uniform}
 _GUIDES = ("normal", "lowrank", "mvn")
 
 

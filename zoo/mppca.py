@@ -385,7 +385,9 @@ PPCA_SPEC = register(ModelSpec(
     method_options={"nuts": {"target_accept_prob": 0.9}},
     demo_sizes={"N": 200},
     demo_options={"nuts": {"num_warmup": 300, "num_samples": 300, "q": 2, "a0": 1.0, "b0": 1.0, "nu0": 0.01},
-                  "svi": {"num_steps": 3000, "q": 2, "a0": 1.0, "b0": 1.0, "nu0": 0.01}},
+                  # init "uniform": the Gamma(1e-3, 1e-3) prior median of tau is ~1e-300, and SVI started
+                  # there ran off to tau = 1e-107 (C = 1e107); from uniform(-2, 2) it converges.
+                  "svi": {"num_steps": 3000, "q": 2, "a0": 1.0, "b0": 1.0, "nu0": 0.01, "init": "uniform"}},
     reference_options={"num_warmup": 500, "num_samples": 1000, "num_chains": 2, "q": 2, "a0": 1.0, "b0": 1.0,
                        "nu0": 0.01},
 ))
