@@ -21,12 +21,12 @@ import numpy as np
 
 def _vb_vs_nuts(h, small):
     import inference
-    import zoo
     from diagnostics import scorecard
+    from zoo import ssgp
 
     n_groups, per_group, m = (10, 40, 20) if small else (20, 100, 50)
     warm, draws = (500, 500) if small else (1000, 1000)
-    data, _ = zoo.ssgp.simulate_lmm(0, n_groups=n_groups, per_group=per_group)
+    data, _ = ssgp.simulate_lmm(0, n_groups=n_groups, per_group=per_group)
     n = len(data["y"])
     trees = {}
 
@@ -60,13 +60,14 @@ def _vb_vs_nuts(h, small):
 def _sweep_cost(h, small):
     import zoo
     from inference import ssgp_vb as V
+    from zoo import ssgp
 
     sizes = (1_000, 3_000, 10_000) if small else (1_000, 10_000, 100_000)
     spec = zoo.get("ssgp_lmm")
     hyper = spec.default_hyper | {"m": 20}
     sides, n_of = {}, {}
     for n in sizes:
-        data, _ = zoo.ssgp.simulate_lmm(1, n_groups=50, per_group=n // 50)
+        data, _ = ssgp.simulate_lmm(1, n_groups=50, per_group=n // 50)
         cfg, arrays = V.setup(spec.inputs(data, hyper), hyper, "gaussian")
         st = V.init_state(cfg, arrays)
         f = jax.jit(lambda s, d, cfg=cfg: V.sweep(cfg, d, s, 1.0).bound)
