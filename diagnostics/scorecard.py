@@ -129,7 +129,9 @@ def reference_health(reference: xr.DataTree, ds: xr.Dataset | None = None) -> di
     import arviz_stats as azs
 
     ds = ds if ds is not None else compared_posterior(reference)
+    # constant quantities (held fixed by the model) have no R-hat or ESS: leave them out
     floats = [k for k in ds.data_vars if np.issubdtype(ds[k].dtype, np.floating)]
+    floats = [k for k in floats if float(np.ptp(ds[k].values)) > 0] or floats
     sub = _as_tree(ds[floats])
     rhat = float(np.nanmax([np.nanmax(v.values) for v in azs.rhat(sub).data_vars.values()]))
     ess = float(np.nanmin([np.nanmin(v.values) for v in azs.ess(sub, method="bulk").data_vars.values()]))
