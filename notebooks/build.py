@@ -59,6 +59,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", help="notebook names (default: all)")
     parser.add_argument("--fast", action="store_true", help="FAST=1: small sizes, as in CI")
+    parser.add_argument("--timeout", type=int, default=None,
+                        help="seconds per cell (default: 600 with --fast, 3600 at full size: the SSGP m-sweep "
+                             "up to m = 100 alone takes several minutes on 2 cores)")
     args = parser.parse_args(argv)
     chosen = [p for p in sources() if not args.names or p.stem in args.names]
     if args.names and len(chosen) != len(args.names):
@@ -67,7 +70,8 @@ def main(argv: list[str]) -> int:
         return 2
     for i, path in enumerate(chosen, 1):
         print(f"[{i}/{len(chosen)}] {path.name} ...", flush=True)
-        target, elapsed = execute(path, BUILD, fast=args.fast)
+        timeout = args.timeout or (600 if args.fast else 3600)
+        target, elapsed = execute(path, BUILD, fast=args.fast, timeout=timeout)
         print(f"    {elapsed:.0f} s -> {target}", flush=True)
     return 0
 
