@@ -278,3 +278,15 @@ def test_registry_lists_and_rejects_duplicates():
 
 def test_methods_registered_for_one_model_are_not_offered_to_others():
     assert ("toy_normal", "exact") in _METHODS and (None, "exact") not in _METHODS
+
+
+def test_model_modules_are_attributes_of_a_fresh_zoo_import():
+    """README and notebooks write ``zoo.hlcr.simulate`` right after ``import zoo`` (a fresh interpreter:
+    the lazy namespace must import the model module on first use)."""
+    import subprocess
+    import sys
+
+    code = "import zoo; print(zoo.hlcr.simulate.__name__, zoo.ssgp.simulate_lmm.__name__, zoo.gp_alps.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["simulate", "simulate_lmm", "zoo.gp_alps"]

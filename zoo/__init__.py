@@ -24,6 +24,11 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value
         return value
+    if not name.startswith("_"):  # a model module as an attribute (``zoo.hlcr.simulate``), loaded on first use
+        from zoo._registry import MODEL_MODULES
+
+        if name in MODEL_MODULES:
+            return importlib.import_module(f"zoo.{name}")
     raise AttributeError(f"module 'zoo' has no attribute {name!r}")
 
 
