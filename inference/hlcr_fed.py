@@ -676,39 +676,54 @@ def run_federated_vb(agents, hyper: dict, key: jax.Array, *, max_iter: int = 100
 @register_method("fedvb", kind="variational", models=("hlcr",), check=_check, options={
     **{k: DEFAULTS[k] for k in ("participation", "dropout", "runner", "on_node_failure", "chunk", "num_agents")},
     "max_iter": 200, "num_samples": 1000, "gamma": 1.0, "dp_noise_scale": 0.0, "prior": "exact",
-    "leave_own_out": True,
+    "leave_own_out": True, "num_restarts": 1,
 })
 def run_fedvb(ctx: FitContext) -> Draws:
     """Federated VB-EM for HLCR (notes §3.8/E3): agents send soft per-cluster statistics and E[log theta_i];
     with full participation every round equals the centralised ``vbem`` iteration. Options: ``max_iter``
     (rounds), ``num_samples`` (draws from q), ``participation``, ``dropout``, ``runner``, ``num_agents``
     (``gamma``, ``dp_noise_scale``, ``prior``, ``leave_own_out`` are accepted for a shared option check and
-    must keep their defaults). Draws from q as ``vbem`` (w ~ q(w), theta ~ q(theta), z ~ Cat(r), psi point)."""
-    from inference.hlcr_vb import VBState, draw
+    must keep their defaults), ``num_restarts`` (independent federated runs from random soft labels; the one with
+    the highest final bound is kept, as ``vbem`` does: each agent's share of the bound, sum over its pairs of
+    r (E log N + E log theta) - r log r plus its q(theta) terms, is one scalar, and the server adds the q(w) and
+    psi terms). Draws from q as ``vbem`` (w ~ q(w), theta ~ q(theta), z ~ Cat(r), psi point)."""
+    from inference.hlcr_common import pair_data
+    from inference.hlcr_gibbs import make_hyper
+    from inference.hlcr_vb import VBState, draw, elbo
 
     o = ctx.options
     for k, v in (("gamma", 1.0), ("dp_noise_scale", 0.0), ("prior", "exact"), ("leave_own_out", True)):
         if o[k] != v:
             raise ValueError(f"{k}: not used by fedvb (keep the default {v!r}), got {o[k]!r}")
+    if isinstance(o["num_restarts"], bool) or not isinstance(o["num_restarts"], int) or o["num_restarts"] < 1:
+        raise ValueError(f"num_restarts: expected a positive integer, got {o['num_restarts']!r}")
     agents = split_by_agent(ctx.data, o["num_agents"])
     h = resolve_hyper(ctx.hyper)
     K = int(h["K"])
-    k_run, k_draw = jax.random.split(ctx.key)
-    res, index, audit = run_federated_vb(agents, h, k_run, max_iter=o["max_iter"], participation=o["participation"],
-                                         dropout=o["dropout"], runner=o["runner"],
-                                         on_node_failure=o["on_node_failure"], chunk=o["chunk"],
-                                         progress=o["progress"])
-    r_all = np.asarray(res.states.r)
-    valid = index >= 0
-    r = np.zeros((int(valid.sum()), K))
-    r[index[valid]] = r_all[valid]
     F = agents[0]["X"].shape[1]
-    D = np.eye(F) / h["delta"] ** 2 + np.asarray(res.messages["D"]).sum(0)
-    S = np.linalg.inv(D)
-    S = 0.5 * (S + np.swapaxes(S, -1, -2))
-    m = np.einsum("kij,kj->ki", S, np.asarray(res.messages["c"]).sum(0))
-    log_psi = np.asarray(res.server_state["log_psi"])
-    state = VBState(jnp.asarray(r), jnp.asarray(m), jnp.asarray(S), jnp.asarray(res.states.a), jnp.asarray(log_psi))
+    pdat = pair_data(ctx.model_kwargs)
+    vb_hyper = make_hyper(ctx.hyper, ctx.model_kwargs["n_agents"])
+    k_run, k_draw = jax.random.split(ctx.key)
+    runs = []
+    for key in jax.random.split(k_run, o["num_restarts"]):
+        res, index, audit = run_federated_vb(agents, h, key, max_iter=o["max_iter"], participation=o["participation"],
+                                             dropout=o["dropout"], runner=o["runner"],
+                                             on_node_failure=o["on_node_failure"], chunk=o["chunk"],
+                                             progress=o["progress"])
+        r_all = np.asarray(res.states.r)
+        valid = index >= 0
+        r = np.zeros((int(valid.sum()), K))
+        r[index[valid]] = r_all[valid]
+        D = np.eye(F) / h["delta"] ** 2 + np.asarray(res.messages["D"]).sum(0)
+        S = np.linalg.inv(D)
+        S = 0.5 * (S + np.swapaxes(S, -1, -2))
+        m = np.einsum("kij,kj->ki", S, np.asarray(res.messages["c"]).sum(0))
+        log_psi = np.asarray(res.server_state["log_psi"])
+        state = VBState(jnp.asarray(r), jnp.asarray(m), jnp.asarray(S), jnp.asarray(res.states.a),
+                        jnp.asarray(log_psi))
+        runs.append((float(elbo(state, pdat, vb_hyper)), res, audit, state))
+    bound, res, audit, state = max(runs, key=lambda run: run[0])
+    log_psi = np.asarray(state.log_psi)
     n = o["num_samples"]
     w, theta, z, log_q = jax.jit(draw, static_argnums=2)(k_draw, state, n)
     psi = np.broadcast_to(np.exp(log_psi), (n, K))
@@ -716,7 +731,8 @@ def run_fedvb(ctx: FitContext) -> Draws:
     attrs = {"rounds": res.rounds, "num_agents": len(agents),
              "protocol_audit": json.dumps({k: audit[k] for k in ("uplink", "downlink", "monitoring",
                                                                  "message_nbytes")}),
-             "bytes_uploaded_total": int(sum(audit["bytes_uploaded_per_round"]))}
+             "bytes_uploaded_total": int(sum(audit["bytes_uploaded_per_round"])),
+             "elbo": bound, "restart_elbos": [run[0] for run in runs]}
     return Draws(posterior={"w": add(w), "psi": add(psi), "theta": add(theta), "z": add(z)},
                  sample_stats={"log_q": add(log_q)},
                  traces={"n_active": res.history["n_active"], "bytes_uploaded": res.history["bytes_sent"].sum(1)},

@@ -389,7 +389,8 @@ SPEC = register(ModelSpec(
     demo_options={"nuts": {"num_warmup": 1000, "num_samples": 1000},
                   "svi": {"num_steps": 3000, "guide": "normal"},
                   "gibbs": {"num_warmup": 200, "num_samples": 1000},
-                  "vbem": {"max_iter": 100}},
+                  "vbem": {"max_iter": 100},
+                  "fedvb": {"num_restarts": 4}},
     reference_options={"num_warmup": 1000, "num_samples": 2000, "num_chains": 2, "target_accept_prob": 0.95},
     reference_datasets=reference_datasets,
 ))
