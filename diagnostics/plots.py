@@ -244,6 +244,11 @@ def plot_sbc(result, path: str | os.PathLike | None = None, *, max_panels: int =
     return pc
 
 
+def _n_scalars(da: xr.DataArray) -> int:
+    """Number of scalar quantities in ``da`` per draw (the product of its non-sample dims)."""
+    return int(np.prod([n for d, n in da.sizes.items() if d not in ("chain", "draw")]))
+
+
 def plot_sensitivity(tree: xr.DataTree, path: str | os.PathLike | None = None, *,
                      var_names: Sequence[str] | None = None, prior_sites: Sequence[str] | None = None,
                      max_panels: int = MAX_PANELS):
@@ -258,11 +263,10 @@ def plot_sensitivity(tree: xr.DataTree, path: str | os.PathLike | None = None, *
     post = data["posterior"].to_dataset()
     names = [k for k in (var_names or post.data_vars) if np.issubdtype(post[k].dtype, np.floating)]
     # smallest variables first: the scalar hyperparameters are where prior sensitivity matters most
-    names = sorted(names, key=lambda k: int(np.prod([post[k].sizes[d] for d in post[k].dims
-                                                     if d not in ("chain", "draw")])))
+    names = sorted(names, key=lambda k: _n_scalars(post[k]))
     chosen, count = [], 0
     for k in names:
-        size = int(np.prod([post[k].sizes[d] for d in post[k].dims if d not in ("chain", "draw")]))
+        size = _n_scalars(post[k])
         if count and count + size > max_panels:
             break
         chosen.append(k)
@@ -276,11 +280,10 @@ def plot_sensitivity(tree: xr.DataTree, path: str | os.PathLike | None = None, *
             if keep < post.sizes[d]:
                 coords[d] = slice(0, keep)
             budget = max(1, budget // keep)
-    count = sum(int(np.prod([min(post.sizes[d], coords[d].stop) if d in coords else post.sizes[d]
-                             for d in post[k].dims if d not in ("chain", "draw")])) for k in chosen)
     # Subset by position here: plot_psense_dist's ``coords`` selects by label and is ignored for dims
     # without coordinate values (ssgp's 50-point curve gave 100 subplots).
-    post = post.isel({d: coords[d] for d in coords if d in post.dims})
+    post = post.isel(coords)
+    count = sum(_n_scalars(post[k]) for k in chosen)
     if len(post.data_vars) == 1:
         # arviz-plots 1.3 bug: with a single posterior variable ``extract`` returns a DataArray and
         # plot_psense_dist fails (TypeError in get_group); a second, unplotted copy avoids it.

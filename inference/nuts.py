@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from numpyro.infer import MCMC, NUTS, init_to_median, init_to_sample, init_to_uniform
+from numpyro.infer import MCMC, NUTS
 
+from inference._init_strategies import INIT_STRATEGIES, check_init
 from inference._methods import Draws, FitContext, register_method
 from inference.progress import progress_enabled
 
-# "uniform": unconstrained values uniform in (-2, 2); use it when the prior median is degenerate (a
-# Gamma(0.001, 0.001) precision has median ~1e-300: "median" starts SVI with an infinite noise variance).
-_INIT = {"prior": init_to_sample, "median": init_to_median, "uniform": init_to_uniform}
-
 
 def _check(options: dict) -> None:
-    if options["init"] not in _INIT:
-        raise ValueError(f"init: expected one of {sorted(_INIT)}, got {options['init']!r}")
+    check_init(options["init"])
     if not 0 < options["target_accept_prob"] < 1:
         raise ValueError(f"target_accept_prob: expected a number in (0, 1), got {options['target_accept_prob']!r}")
     if not isinstance(options["max_tree_depth"], int) or options["max_tree_depth"] < 1:
@@ -36,7 +32,7 @@ def run_nuts(ctx: FitContext) -> Draws:
     """No-U-Turn sampler on the model's log density (Hoffman & Gelman 2014; NumPyro's implementation)."""
     o = ctx.options
     kernel = NUTS(ctx.spec.model, dense_mass=o["dense_mass"], target_accept_prob=o["target_accept_prob"],
-                  max_tree_depth=o["max_tree_depth"], init_strategy=_INIT[o["init"]])
+                  max_tree_depth=o["max_tree_depth"], init_strategy=INIT_STRATEGIES[o["init"]])
     chain_method = "parallel" if jax.local_device_count() >= o["num_chains"] else "sequential"
     mcmc = MCMC(kernel, num_warmup=o["num_warmup"], num_samples=o["num_samples"], num_chains=o["num_chains"],
                 thinning=o["thinning"], chain_method=chain_method, progress_bar=progress_enabled(o["progress"]))

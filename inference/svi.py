@@ -16,15 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from numpyro import handlers
-from numpyro.infer import SVI, Trace_ELBO, init_to_median, init_to_sample, init_to_uniform
+from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoLowRankMultivariateNormal, AutoMultivariateNormal, AutoNormal
 
+from inference._init_strategies import INIT_STRATEGIES, check_init
 from inference._methods import Draws, FitContext, register_method
 from inference.progress import progress_enabled
 
-# "uniform": unconstrained values uniform in (-2, 2); use it when the prior median is degenerate (a
-# Gamma(0.001, 0.001) precision has median ~1e-300: "median" starts SVI with an infinite noise variance).
-_INIT = {"prior": init_to_sample, "median": init_to_median, "uniform": init_to_uniform}
 _GUIDES = ("normal", "lowrank", "mvn")
 
 
@@ -32,8 +30,7 @@ def _check(options: dict) -> None:
     if not callable(options["guide"]) and options["guide"] not in _GUIDES:
         raise ValueError(f"guide: expected one of {list(_GUIDES)} or a NumPyro guide function, "
                          f"got {options['guide']!r}")
-    if options["init"] not in _INIT:
-        raise ValueError(f"init: expected one of {sorted(_INIT)}, got {options['init']!r}")
+    check_init(options["init"])
     if options["rank"] is not None and (not isinstance(options["rank"], int) or options["rank"] < 1):
         raise ValueError(f"rank: expected a positive integer or None, got {options['rank']!r}")
 
@@ -41,7 +38,7 @@ def _check(options: dict) -> None:
 def make_guide(model, kind, init: str = "median", rank: int | None = None):
     if callable(kind):
         return kind
-    init_loc_fn = _INIT[init]
+    init_loc_fn = INIT_STRATEGIES[init]
     if kind == "normal":
         return AutoNormal(model, init_loc_fn=init_loc_fn)
     if kind == "lowrank":

@@ -123,6 +123,17 @@ def t8_runs():
     return out
 
 
+def _t8_merge(t8_runs, M, variant):
+    """(models, pooled, truth, merged output) at split M, after the checks both variants share: T6 (bound
+    monotone after sweep 1) at this split and K' = 4."""
+    models, pooled, truth, merged = t8_runs[M]
+    out = merged[variant]
+    F = out["bound"]
+    assert np.all(np.diff(F)[1:] >= -1e-7 * np.abs(F).max())
+    assert out["K_eff"] == 4
+    return models, pooled, truth, out
+
+
 def _match(out, pooled):
     """For each output component, the index of the nearest pooled (true-cluster) mean."""
     return [int(np.argmin(np.linalg.norm(pooled["means"] - m, axis=1))) for m in out["means"]]
@@ -134,11 +145,7 @@ def test_paper_merge_recovers_pooled_estimates_at_the_notes_splits(t8_runs, M):
     # T8, fixed x2 (the paper's VBMPPCA-A): K' = 4; purity 1.0 (each output component collects the inputs of
     # one true cluster); output means = the w r-weighted input means to 1e-6 relative; held-out 2-D log-lik
     # within 1.5 % (M_in <= 10) / 4 % (M_in = 50) of the pooled per-cluster PPCA fit.
-    models, pooled, truth, merged = t8_runs[M]
-    out = merged["paper"]
-    F = out["bound"]                                             # T6 at this split: monotone after sweep 1
-    assert np.all(np.diff(F)[1:] >= -1e-7 * np.abs(F).max())
-    assert out["K_eff"] == 4
+    models, pooled, truth, out = _t8_merge(t8_runs, M, "paper")
     cluster = np.tile(np.arange(4), M)                           # input l = component l % 4 of model l // 4
     hard = np.argmax(out["assignment"], axis=1)
     assert np.all(out["assignment"].max(1) > 0.5)                # every input sits in a kept component
@@ -163,11 +170,7 @@ def test_ess_merge_recovers_pooled_estimates_at_the_notes_splits(t8_runs, M):
     # error of every output C_k against the matched pooled C_k <= 0.07. (With merge_mppca's default virtual size
     # for ESS, the inputs' total count, M_in = 2 is 0.23 % off: ~50 points per cluster leave the VB loadings
     # visibly shrunk against the ML pooled fit; with N = 200000 the pseudo-posterior is a point mass.)
-    models, pooled, truth, merged = t8_runs[M]
-    out = merged["ess"]
-    F = out["bound"]                                             # T6 at this split: monotone after sweep 1
-    assert np.all(np.diff(F)[1:] >= -1e-7 * np.abs(F).max())
-    assert out["K_eff"] == 4
+    models, pooled, truth, out = _t8_merge(t8_runs, M, "ess")
     order = _match(out, pooled)
     assert sorted(order) == [0, 1, 2, 3]
     Cp = _cov(pooled)
