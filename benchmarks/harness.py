@@ -109,6 +109,31 @@ class Harness:
                    f"Median of {repeats} interleaved repeats after one compile call.")
         return out
 
+    def compare_once(self, title: str, sides: Mapping[str, Callable[[], Any]], *, baseline: str,
+                     note: str = "") -> dict[str, dict[str, float]]:
+        """Time every side ONCE, in the given order, for sides too slow to repeat (a NUTS run of many
+        minutes). Compile time is taken apart from run time by JAX's compile events (``Stopwatch``), and the
+        ratio is of run times. Use ``compare`` whenever the sides can be repeated."""
+        names = list(sides)
+        if baseline not in sides:
+            raise ValueError(f"baseline: {baseline!r} is not one of the sides {names}")
+        figures = {}
+        for n in names:
+            with Stopwatch() as sw:
+                _block(sides[n]())
+            figures[n] = {"compile_s": sw.compile_seconds, "run_s": sw.run_seconds, "wall_s": sw.wall_seconds}
+        base = figures[baseline]["run_s"]
+        rows, out = [], {}
+        for n in names:
+            f = figures[n]
+            out[n] = f | {"speedup_vs_baseline": base / f["run_s"] if f["run_s"] > 0 else float("inf")}
+            rows.append({"side": n, "compile s": f"{f['compile_s']:.2f}", "run s": f"{f['run_s']:.4g}",
+                         "wall s": f"{f['wall_s']:.4g}",
+                         f"speed vs {baseline}": f"{out[n]['speedup_vs_baseline']:.1f}x"})
+        self.table(title, rows, note=(note + " " if note else "") +
+                   "One run per side (too slow to repeat); run s = wall s minus JAX compile time.")
+        return out
+
     def table(self, title: str, rows: Sequence[Mapping[str, Any]], *, note: str = "") -> None:
         cols = list(dict.fromkeys(c for r in rows for c in r))
         lines = [f"### {title}", ""]
