@@ -46,13 +46,26 @@ g = dS/dmu and dS/dSigma = -1/2 (P0 + F1 + F2) with
                                 + nu+[(Mcc-Mss) cos th+ + 2 Mcs sin th+] t+ t+^T }
 
 (**E1**: the document's F2 carries -1/2; -1/4 is right, checked against ``jax.hessian`` in the tests).
-Step a: P_a = (1 - a) Sigma^-1 + a (P0 + F1 + F2), shrinking a <- 2a/3 until P_a is positive definite,
-Sigma <- P_a^-1, mu <- mu + a Sigma g (**E16**: natural-parameter damping, PD guard). a grows by 1.5 per
-sweep up to ``step_max`` (Tan & Nott's over-relaxation); if the lower bound would decrease, the sweep is
-redone with a = 1, 1/2, 1/4, ... 2^-13 and finally 0 (q(lam) frozen, a pure CAVI sweep, never decreasing).
+Step a: P_s = (1 - s) Sigma^-1 + s (P0 + F1 + F2) with s = min(a, 1), shrinking s <- 2s/3 until P_s is
+positive definite, Sigma <- P_s^-1, mu <- mu + a Sigma g (**E16**: natural-parameter damping, PD guard).
+
+**Step control (ours; the notes' a <= 10 with backtracking from a = 1 needed 417-1469 sweeps).** P holds
+alpha fixed, but alpha follows lam inside the same sweep, so the curvature along the path a sweep takes is far
+smaller than P and the plain step crawls. a > 1 therefore over-relaxes the mean only: a doubles after each
+accepted sweep (up to ``step_max`` = 1e4); if the lower bound would decrease, the sweep is redone with a / 4,
+a / 16, ... and, below 2^-13, a = 0 (q(lam) frozen: a pure CAVI sweep, never decreasing). The NCVMP pieces are
+computed once per sweep for all its tries. Two more accelerations keep every accepted sweep an exact bound
+increase: (i) steps 4-7 are repeated ``INNER`` = 10 times at fixed q(lam) for the Gaussian and probit models
+(O(n m s) each: E[Z] and E[Z^T W Z] do not change), so q(y*) and the scales catch up with lam; (ii) each try
+also runs steps 4-7 from (C_sigma, C_tau) extrapolated along their last change, by b = 2 b_prev (<= 64), and
+keeps the higher bound of the two (C_sigma's EM-like drift was the slowest mode, ~0.07 per sweep).
+**Stopping rule:** |L_t - L_{t-1}| < tol |L_t| AND the lam mean moved less than 0.01 sd of q(lam) in that
+sweep: an over-relaxed step can jump across the maximum and land on an almost equal bound.
 
 **Sweep order (notes §3.3):** pseudo-data; q(lam); recompute E[Z], E[Z^T W Z]; pseudo-data; q(alpha);
 (logit) xi; q(beta); C_sigma, C_tau, C_gamma; then the complete lower bound (notes §3.4).
+**Cost:** the m^2 pairwise cosines and sines come from the m per-observation ones by the addition formulas;
+only the Gaussian factors nu+- need exp per pair.
 **Warm start (E17):** the first ``warm_start`` sweeps freeze q(lam): from mu_alpha = 0 the first lam step
 would send mu_lam to the prior mean 0, a stationary point with a flat f.
 """
