@@ -2,8 +2,8 @@
 
 1. VB to convergence vs NUTS (2 chains x (1000 warm-up + 1000 draws)) on S-LMM-type data with n = 2000,
    m = 50, 20 groups (issue goal: VB >= 50x faster), with the scorecard's accuracy numbers beside the
-   timing (population curve g, gamma, tau against the NUTS run). NUTS takes about an hour here, so each
-   side runs once (``Harness.compare_once``), compile time apart.
+   timing (population curve g, gamma, tau against the NUTS run). NUTS took 2 h on 2 idle cores
+   (2026-11-23), so each side runs once (``Harness.compare_once``), compile time apart.
 2. VB cost of one sweep at n = 1e3, 1e4, 1e5 (m = 20, d = 1, 50 groups): the slope of log time on log n
    (issue goal: linear, slope ~ 1).
 
@@ -40,11 +40,12 @@ def _vb_vs_nuts(h, small):
                                       num_samples=draws, num_chains=2, target_accept_prob=0.95)
         return trees["nuts"]["posterior"]["sigma"].values
 
+    chains = ("the 2 chains in parallel, one per host device" if jax.local_device_count() >= 2
+              else "chains one after the other")
     out = h.compare_once(f"ssgp_lmm VB to convergence vs NUTS (2 chains x {warm}+{draws}), n={n}, m={m}, "
                          f"{n_groups} groups", {"vb": vb, "nuts": nuts}, baseline="nuts",
                          note="Each side is one complete fit() from a cold start (VB: sweeps to the default "
-                              "stopping rule + 1000 draws from q; NUTS: warm-up + sampling, chains one after the "
-                              "other on this CPU).")
+                              f"stopping rule + 1000 draws from q; NUTS: warm-up + sampling, {chains}).")
     sc = scorecard(trees["nuts"], {"vb": trees["vb"]})
     g = sc[sc["parameter"].str.startswith("g[")]
     row = {"speed-up VB vs NUTS (run time)": f"{out['vb']['speedup_vs_baseline']:.0f}x (goal >= 50x)",
