@@ -23,6 +23,7 @@ import numpy as np
 def _vb_vs_nuts(h, small):
     import inference
     from diagnostics import scorecard
+    from inference.nuts import chain_method
     from zoo import ssgp
 
     n_groups, per_group, m = (10, 40, 20) if small else (20, 100, 50)
@@ -40,8 +41,8 @@ def _vb_vs_nuts(h, small):
                                       num_samples=draws, num_chains=2, target_accept_prob=0.95)
         return trees["nuts"]["posterior"]["sigma"].values
 
-    chains = ("the 2 chains in parallel, one per host device" if jax.local_device_count() >= 2
-              else "chains one after the other")
+    chains = {"parallel": "the 2 chains in parallel, one per host device",
+              "sequential": "chains one after the other"}[chain_method(2)]
     out = h.compare_once(f"ssgp_lmm VB to convergence vs NUTS (2 chains x {warm}+{draws}), n={n}, m={m}, "
                          f"{n_groups} groups", {"vb": vb, "nuts": nuts}, baseline="nuts",
                          note="Each side is one complete fit() from a cold start (VB: sweeps to the default "

@@ -24,6 +24,12 @@ def _check(options: dict) -> None:
         raise ValueError(f"max_tree_depth: expected a positive integer, got {options['max_tree_depth']!r}")
 
 
+def chain_method(num_chains: int) -> str:
+    """NumPyro's chain method here: "parallel" (one chain per host device) when there are enough devices
+    (``zoo._runtime`` asks XLA for 2), else "sequential"."""
+    return "parallel" if jax.local_device_count() >= num_chains else "sequential"
+
+
 @register_method("nuts", kind="sampler", check=_check, options={
     "num_warmup": 1000, "num_samples": 1000, "num_chains": 2, "thinning": 1, "dense_mass": False,
     "target_accept_prob": 0.8, "max_tree_depth": 10, "init": "prior",
@@ -33,9 +39,9 @@ def run_nuts(ctx: FitContext) -> Draws:
     o = ctx.options
     kernel = NUTS(ctx.spec.model, dense_mass=o["dense_mass"], target_accept_prob=o["target_accept_prob"],
                   max_tree_depth=o["max_tree_depth"], init_strategy=INIT_STRATEGIES[o["init"]])
-    chain_method = "parallel" if jax.local_device_count() >= o["num_chains"] else "sequential"
     mcmc = MCMC(kernel, num_warmup=o["num_warmup"], num_samples=o["num_samples"], num_chains=o["num_chains"],
-                thinning=o["thinning"], chain_method=chain_method, progress_bar=progress_enabled(o["progress"]))
+                thinning=o["thinning"], chain_method=chain_method(o["num_chains"]),
+                progress_bar=progress_enabled(o["progress"]))
     mcmc.run(ctx.key, **ctx.model_kwargs,
              extra_fields=("diverging", "energy", "num_steps", "accept_prob", "adapt_state.step_size"))
     samples = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
