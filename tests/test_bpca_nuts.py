@@ -14,7 +14,6 @@ import pytest
 import diagnostics
 import inference
 from diagnostics import references
-from zoo import bpca
 from zoo.bpca import subspace_angle
 
 
