@@ -104,6 +104,15 @@ def assert_at_least_bound(values, bound, label):
     return mean - bound
 
 
+def trace_tail(trace, fraction):
+    """(mean, MCSE of the mean) of the last ``fraction`` of an objective trace: ArviZ's ESS-based MCSE, so the
+    autocorrelation of the parameters along the optimiser's path is counted."""
+    from arviz_stats.base import array_stats
+
+    tail = np.asarray(trace)[-max(4, int(len(trace) * fraction)):]
+    return float(tail.mean()), float(array_stats.mcse(tail[None, :], chain_axis=0, draw_axis=1, method="mean"))
+
+
 def hyper_of(tree) -> dict:
     spec = zoo.get(tree.attrs["model"])
     return {**spec.default_hyper, **json.loads(tree.attrs["hyperparameters"])}
@@ -520,10 +529,8 @@ def test_gp_alps_svi_concrete_objective_is_the_relaxed_elbo_of_the_stored_guide(
     numpyro_elbo = -float(Trace_ELBO(num_particles=20000).loss(jax.random.key(7), params, relaxed_model, guide,
                                                                **kw, lam_q=v.attrs["lam_q"]))
     assert abs(numpyro_elbo - mc) < Z_MAX * np.sqrt(2) * se, (numpyro_elbo, mc, se)
-    trace = tree["sample_stats"]["elbo_relaxed"].values
-    tail = trace[-len(trace) // 50:]
-    se_tail = tail.std(ddof=1) / np.sqrt(tail.size)
-    assert abs(tail.mean() - mc) < Z_MAX * np.hypot(se, se_tail), (tail.mean(), se_tail, mc, se)
+    tail, se_tail = trace_tail(tree["sample_stats"]["elbo_relaxed"].values, 0.02)
+    assert abs(tail - mc) < Z_MAX * np.hypot(se, se_tail), (tail, se_tail, mc, se)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -602,21 +609,29 @@ def unconstrain(x, kind):
 
 
 def svi_scipy_log_q(tree):
-    """AutoNormal: sum over sites of Normal(u | <site>_auto_loc, <site>_auto_scale) - log |J|; AutoMultivariateNormal:
-    MVN(u | auto_loc, L L^T) of the sites' unconstrained values concatenated in the model's order."""
+    """AutoNormal: sum over sites of Normal(u | <site>_auto_loc, <site>_auto_scale) - log |J|; AutoMultivariateNormal
+    and AutoLowRankMultivariateNormal: MVN(u | auto_loc, cov) of the sites' unconstrained values concatenated in the
+    model's order, cov = L L^T (``auto_scale_tril``) or D (F F^T + I) D with F = ``auto_cov_factor``, D =
+    diag(``auto_scale``) (NumPyro scales the factor by the scale)."""
     kinds, v, post = site_supports(tree), tree["variational"], tree["posterior"]
     parts = {n: unconstrain(post[n].values[0], k) for n, k in kinds.items()}
     log_jac = sum(j for _, j in parts.values())
     if "auto_loc" in v:
-        L = v["auto_scale_tril"].values
+        if "auto_scale_tril" in v:
+            L = v["auto_scale_tril"].values
+            cov = L @ L.T
+        else:
+            scale = v["auto_scale"].values
+            factor = v["auto_cov_factor"].values * scale[:, None]
+            cov = factor @ factor.T + np.diag(scale**2)
         u = np.concatenate([parts[n][0] for n in kinds], 1)
-        return stats.multivariate_normal(v["auto_loc"].values, L @ L.T).logpdf(u) - log_jac
+        return stats.multivariate_normal(v["auto_loc"].values, cov).logpdf(u) - log_jac
     return sum(stats.norm.logpdf(parts[n][0], v[f"{n}_auto_loc"].values.reshape(-1),
                                  v[f"{n}_auto_scale"].values.reshape(-1)).sum(1) for n in kinds) - log_jac
 
 
 SVI_CASES = {
-    "ppca_normal_positive_sites": ("ppca", dict(guide="normal", init="uniform", **MPPCA_PRIORS)),
+    "ppca_lowrank_positive_sites": ("ppca", dict(guide="lowrank", rank=2, init="uniform", **MPPCA_PRIORS)),
     "hlcr_normal_simplex_sites": ("hlcr", dict(guide="normal", **HLCR_HYPER)),
     "ssgp_lmm_mvn_model_order": ("ssgp_lmm", dict(guide="mvn", m=5)),
 }
@@ -636,13 +651,12 @@ def test_svi_log_q_is_the_scipy_density_of_the_stored_guide(svi_tree):
 
 def test_svi_elbo_trace_ends_at_the_monte_carlo_elbo_of_the_stored_guide(svi_tree):
     """No closed-form bound: ``elbo_final`` (mean of the last 5 % of the 1-particle trace) against the Monte
-    Carlo ELBO of the returned guide at its draws, within 4 combined SE (trace SE from its scatter)."""
-    trace = svi_tree["sample_stats"]["elbo"].values
-    tail = trace[-max(1, len(trace) // 20):]
-    np.testing.assert_allclose(svi_tree.attrs["elbo_final"], tail.mean(), rtol=1e-12)
+    Carlo ELBO of the returned guide at its draws, within 4 combined SE (the trace's MCSE, the draws' SE).
+    Measured z: +2.75 (ppca), +1.15 (hlcr), -1.49 (ssgp_lmm)."""
+    tail, se_tail = trace_tail(svi_tree["sample_stats"]["elbo"].values, 0.05)
+    np.testing.assert_allclose(svi_tree.attrs["elbo_final"], tail, rtol=1e-12)
     mc, se, _ = mc_z(model_log_joint(svi_tree) - svi_scipy_log_q(svi_tree), 0.0)
-    se_tail = tail.std(ddof=1) / np.sqrt(tail.size)
-    assert abs(tail.mean() - mc) < Z_MAX * np.hypot(se, se_tail), (tail.mean(), se_tail, mc, se)
+    assert abs(tail - mc) < Z_MAX * np.hypot(se, se_tail), (tail, se_tail, mc, se)
 
 
 # --------------------------------------------------------------------------------------------------
