@@ -64,6 +64,11 @@ Wohlberg's 2017 relative residuals and factor sqrt(r/s) clipped to [1/10, 10]) c
 from the messages every 10 rounds when the primal and dual residuals differ by more than 10x, eta kept
 within [eta/100, 100 eta]; it makes eta a global quantity, so the strict locality of a round no longer holds.
 
+Spaces: z_n is a site of the model, so ``log_q`` (``draw_q``) is the density of the whole q at draws of every model
+site (W, mu, z, tau, alpha) and the ELBO is on the model's space (``elbo_final`` for ``vbem``; for ``badmm`` the
+closed-form ELBO of the q the draws come from is ``elbo_consensus``, ``elbo_final`` being the sum of the node
+objectives, equal to it only at exact consensus). Every parameter of q is stored in group ``variational``.
+
 The centralised sweep IS the node sweep with no neighbours (k = 0, zero duals, c = 1), so ``badmm`` with
 J = 1 reproduces ``vbem`` iterate for iterate (test 3).
 """
@@ -708,8 +713,14 @@ def _check_vbem(o):
     pass
 
 
-def _q_groups(cfg: Cfg, g: Globals, tau_q, alpha_q) -> dict:
-    ds = {"m_W": (("feature", "component"), np.asarray(g.mw)), "v_W": (("feature", "component"), np.asarray(g.vw)),
+def _q_groups(cfg: Cfg, g: Globals, tau_q, alpha_q, mz, Sz) -> dict:
+    """Variables of group ``variational``: every parameter of q, so that ``log_q`` and the ELBO can be recomputed
+    from the tree: m_W, v_W (feature, component) of q(W_dm) = N(m, v); m_mu, v_mu (feature) of q(mu_d);
+    m_z (row, component), S_z (row, component, component_bis) of q(z_n) = N(m_z, S_z); tau_shape, tau_rate and
+    alpha_shape, alpha_rate of the Gamma q(tau), q(alpha_m) when learned."""
+    ds = {"m_z": (("row", "component"), np.asarray(mz)),
+          "S_z": (("row", "component", "component_bis"), np.asarray(Sz)),
+          "m_W": (("feature", "component"), np.asarray(g.mw)), "v_W": (("feature", "component"), np.asarray(g.vw)),
           "m_mu": (("feature",), np.asarray(g.mmu)), "v_mu": (("feature",), np.asarray(g.vmu))}
     if cfg.learn_tau:
         ds["tau_shape"], ds["tau_rate"] = ((), np.asarray(tau_q[0])), ((), np.asarray(tau_q[1]))
@@ -731,8 +742,7 @@ def run_vbem(ctx: FitContext) -> Draws:
                           progress=o["progress"])
     post, log_q = draw_q(cfg, jax.random.fold_in(ctx.key, 2), st.g, st.tau, st.alpha, st.mz, st.Sz,
                          o["num_samples"])
-    ds = _q_groups(cfg, st.g, st.tau, st.alpha)
-    ds["m_z"] = (("row", "component"), np.asarray(st.mz))
+    ds = _q_groups(cfg, st.g, st.tau, st.alpha, st.mz, st.Sz)
     return Draws(posterior=post, sample_stats={"log_q": log_q}, traces={"elbo": trace},
                  groups={"variational": xr.Dataset(ds)},
                  attrs={"elbo_final": float(trace[-1]), "n_iter": len(trace), "converged": int(conv)})
@@ -854,8 +864,14 @@ def _distributed_draws(ctx: FitContext, cfg, res, index, extra_attrs):
     if len(h.get("residual", [])):
         attrs.update({"elbo_final": float(h["elbo"][-1]), "residual_final": float(h["residual"][-1]),
                       "max_angle_final": float(h["max_angle"][-1])})
+    # elbo_final sums the node objectives, each at the node's own copy of q; it is the ELBO of the q the draws
+    # come from (node average of the globals, every row's q(z_n) from its node) only at exact consensus.
+    # elbo_consensus is that q's closed-form ELBO on the whole data (c = 1).
+    q_st = VBState(Globals(*map(jnp.asarray, g)), jnp.asarray(tau), jnp.asarray(alpha), jnp.asarray(mz),
+                   jnp.asarray(Sz), jnp.zeros(N), jnp.asarray(jnp.nan))
+    attrs["elbo_consensus"] = float(elbo(cfg, q_st, shard_of(ctx.data["Y"])))
     return Draws(posterior=post, sample_stats={"log_q": log_q}, traces=traces, dims=dims,
-                 groups={"nodes": xr.Dataset(nodes), "variational": xr.Dataset(_q_groups(cfg, g, tau, alpha))},
+                 groups={"nodes": xr.Dataset(nodes), "variational": xr.Dataset(_q_groups(cfg, g, tau, alpha, mz, Sz))},
                  attrs=attrs)
 
 

@@ -24,6 +24,11 @@ kernels it is the non-sparse variant the notes recommend for n <= ~500 (notes §
 an ELBO of the *relaxed* model (E15), not comparable with the Bernoulli ELBO of ``vbem``. Reported
 activation probabilities: rho_j = P_q(b_j > 1/2) for every temperature; draws use hard switches
 b_j ~ Bern(rho_j) (notes §3.1 "Prediction").
+
+Spaces: there is no closed-form bound; ``elbo_relaxed`` is the 4-particle estimate of the relaxed model's ELBO at
+each step (its own space (u, H, z, sigma2), at the step's temperature). ``log_q`` is the density of the guide's
+q(u) q(H) q(sigma2) at the draws of gp_alps' sites (u, H, sigma2): the model sums b out, so z is not in it. The
+guide's parameters and the last temperature are stored in group ``variational``.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import optax
+import xarray as xr
 from numpyro.distributions import constraints
 from numpyro.infer import SVI, Trace_ELBO
 
@@ -126,6 +132,16 @@ def sample_q(key, params, learn, num_samples):
     return out, log_q
 
 
+def q_dataset(params, lam_q) -> xr.Dataset:
+    """Group ``variational``: the fitted guide's parameters (constrained): mu (latent, rank), L (latent, rank,
+    rank_bis) of q(u_j) = N(mu_j, L_j L_j^T); mH, sH (output, latent) of q(H_ij) = N(mH, sH); logit_rho (latent)
+    of q(z_j) = Logistic(logit_rho_j / lam_q, 1 / lam_q); sig_loc, sig_scale (output) of q(sigma2_i) =
+    LogNormal (only when the noise is learned); attribute ``lam_q``: the temperature of the last step."""
+    dims = {"mu": ("latent", "rank"), "L": ("latent", "rank", "rank_bis"), "mH": ("output", "latent"),
+            "sH": ("output", "latent"), "logit_rho": ("latent",), "sig_loc": ("output",), "sig_scale": ("output",)}
+    return xr.Dataset({k: (dims[k], np.asarray(v)) for k, v in params.items()}, attrs={"lam_q": lam_q})
+
+
 def _kw(ctx):
     mk = ctx.model_kwargs
     return {"F": jnp.asarray(mk["F"]), "Y": jnp.asarray(mk["Y"]), "theta": jnp.asarray(mk["theta"]),
@@ -154,6 +170,6 @@ def run_svi_concrete(ctx: FitContext) -> Draws:
     return Draws(posterior={k: np.asarray(v)[None] for k, v in draws.items()},
                  sample_stats={"log_q": np.asarray(log_q)[None]},
                  traces={"elbo_relaxed": -np.asarray(losses), "temperature": np.asarray(temps)},
-                 dims={"b": ["latent"]},
+                 dims={"b": ["latent"]}, groups={"variational": q_dataset(params, float(temps[-1]))},
                  attrs={"rho": rho.tolist(), "q_H_mean": np.asarray(params["mH"]).tolist(),
                         "q_H_var": np.asarray(params["sH"]).tolist()})

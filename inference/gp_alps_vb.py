@@ -25,6 +25,11 @@ form, no Monte Carlo) never decreases:
            - sum_ij KL(N(m_ij, s_ij) || N(0, s)) - sum_j KL(Bern(rho_j) || Bern(theta_j))
            - sum_i KL(q(tau_i) || p(tau_i)).
 
+Spaces: the ELBO above is on the switch-augmented space (u, H, b, tau); the model (``zoo.gp_alps.model``) sums the
+switches out, so ``log_q`` (``sample_q``) is the density of q(u) q(H) q(sigma2) at the draws of the model's sites
+(u, H, sigma2 = 1/tau, with the Jacobian of that map); b is drawn from q(b) for display only. The ELBO of that
+q on the marginal space is >= the ELBO above. Every parameter of q is stored in group ``variational``.
+
 Initialisation (notes §3.2 "known behaviour"): rho = 1 and random non-zero means, since mu = m = 0 is a
 fixed point and a latent whose rho has collapsed to 0 cannot switch back on. q(u) means start N(0, I),
 q(H) means N(0, 0.01^2): with small H the first sweeps let each latent fit its own frequency before the
@@ -41,6 +46,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import xarray as xr
 from jax.scipy.special import digamma, gammaln
 
 from inference._methods import Draws, FitContext, register_method
@@ -220,7 +226,7 @@ def sample_q(key, state: VBState, pb: Problem, learn, num_samples):
     m, _, r = pb.F.shape
     p = pb.Y.shape[1]
     ku, kh, kb, kt = jax.random.split(key, 4)
-    L = jnp.linalg.cholesky(state.Sigma + 1e-12 * jnp.eye(r))
+    L = jnp.linalg.cholesky(state.Sigma)  # no jitter: log q must be the density of the stored q(u)
     eps = jax.random.normal(ku, (num_samples, m, r))
     u = state.mu + jnp.einsum("jrs,njs->njr", L, eps)
     sd = jnp.sqrt(state.sH)
@@ -239,6 +245,20 @@ def sample_q(key, state: VBState, pb: Problem, learn, num_samples):
                                 - 2.0 * jnp.log(sigma2), axis=1)
         out["sigma2"] = sigma2
     return out, log_q
+
+
+def q_dataset(state: VBState, learn) -> xr.Dataset:
+    """Group ``variational``: every parameter of q, so that ``log_q`` and the ELBO can be recomputed from the
+    tree: mu (latent, rank), Sigma (latent, rank, rank_bis) of q(u_j); mH, sH (output, latent) of q(H_ij);
+    rho (latent) = q(b_j = 1); a_tau, b_tau (output) of q(tau_i) = Gamma(shape, rate), i.e. q(sigma2_i) =
+    InvGamma(a_tau, b_tau) (only when the noise is learned)."""
+    ds = {"mu": (("latent", "rank"), np.asarray(state.mu)),
+          "Sigma": (("latent", "rank", "rank_bis"), np.asarray(state.Sigma)),
+          "mH": (("output", "latent"), np.asarray(state.mH)), "sH": (("output", "latent"), np.asarray(state.sH)),
+          "rho": (("latent",), np.asarray(jax.nn.sigmoid(state.logit_rho)))}
+    if learn:
+        ds["a_tau"], ds["b_tau"] = (("output",), np.asarray(state.a_tau)), (("output",), np.asarray(state.b_tau))
+    return xr.Dataset(ds)
 
 
 def _check(options):
@@ -268,6 +288,7 @@ def run_vbem(ctx: FitContext) -> Draws:
                  sample_stats={"log_q": np.asarray(log_q)[None]},
                  traces={"elbo": elbo_tr, "rho": np.asarray(info.rho)},
                  dims={"b": ["latent"], "rho": ["iteration", "latent"]},
+                 groups={"variational": q_dataset(state, learn)},
                  attrs={"elbo_final": float(elbo_tr[-1]), "rho": rho.tolist(),
                         "elbo_final_per_restart": np.asarray(finals).tolist(),
                         "converged_iteration": int(conv[0] + 1) if conv.size else -1,

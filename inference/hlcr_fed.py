@@ -686,10 +686,11 @@ def run_fedvb(ctx: FitContext) -> Draws:
     must keep their defaults), ``num_restarts`` (independent federated runs from random soft labels; the one with
     the highest final bound is kept, as ``vbem`` does: each agent's share of the bound, sum over its pairs of
     r (E log N + E log theta) - r log r plus its q(theta) terms, is one scalar, and the server adds the q(w) and
-    psi terms). Draws from q as ``vbem`` (w ~ q(w), theta ~ q(theta), z ~ Cat(r), psi point)."""
+    psi terms). Draws from q as ``vbem`` (w ~ q(w), theta ~ q(theta), z ~ Cat(r), psi point); the fitted q is in
+    group ``vbem``, the bound of the kept restart in attribute ``elbo``."""
     from inference.hlcr_common import pair_data
     from inference.hlcr_gibbs import make_hyper
-    from inference.hlcr_vb import VBState, draw, elbo
+    from inference.hlcr_vb import VBState, draw, elbo, q_dataset
 
     o = ctx.options
     for k, v in (("gamma", 1.0), ("dp_noise_scale", 0.0), ("prior", "exact"), ("leave_own_out", True)):
@@ -736,7 +737,7 @@ def run_fedvb(ctx: FitContext) -> Draws:
     return Draws(posterior={"w": add(w), "psi": add(psi), "theta": add(theta), "z": add(z)},
                  sample_stats={"log_q": add(log_q)},
                  traces={"n_active": res.history["n_active"], "bytes_uploaded": res.history["bytes_sent"].sum(1)},
-                 attrs=attrs)
+                 attrs=attrs, groups={"vbem": q_dataset(state)})
 
 
 __all__ = ["AgentState", "Config", "ServerState", "Shard", "check_agents", "global_labels", "local_sweep",

@@ -22,12 +22,16 @@ The bound (stored per iteration in ``traces["elbo"]``, non-decreasing; notes E1)
          + sum_k {-F/2 log delta^2 - (|m_k|^2 + tr S_k)/(2 delta^2) + 1/2 log|S_k| + F/2}
          + log Dir(psi | alpha/K)
 
-(the last term makes it the bound on log p(y, psi), since psi is a point estimate). The soft statistics
+(the last term makes it the bound on log p(y, psi), since psi is a point estimate). Space: it is the ELBO on the
+label-augmented space, E_q[log p(y, z, w, theta, psi) - log q(w, theta, z)] at psi = its point estimate; the model
+(``zoo.hlcr.model``) sums z out, and the ELBO of q(w, theta) on that marginal space is >= this bound
+(tests/test_log_q.py checks both by Monte Carlo). The soft statistics
 sum_e r_ek Gs_e, sum_e r_ek gs_e, sum_e r_ek are ``hlcr_common.cluster_sums`` with soft labels, i.e. the
 federated VB-EM message of an agent (notes E3).
 
 Draws: w ~ q(w), theta ~ q(theta), z ~ Cat(r), psi = the point estimate in every draw; ``log_q`` of
-(w, theta) is stored for PSIS k-hat (psi is a point mass and excluded from it).
+(w, theta) is stored for PSIS k-hat (psi is a point mass and excluded from it; z is summed out by the model, so
+its draws are for display and not in log q). The fitted q is stored in group ``vbem`` (``q_dataset``).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import xarray as xr
 from jax.scipy.special import digamma, gammaln
 
 from inference._methods import Draws, FitContext, register_method
@@ -181,6 +186,17 @@ def draw(key, state: VBState, num_samples: int):
     return w, theta, z, log_q_w + log_q_t
 
 
+def q_dataset(state: VBState):
+    """The fitted q as an xarray Dataset (group ``vbem`` of the tree): r (pair, cluster), m (cluster, feature),
+    S (cluster, feature, feature_bis), a (agent_idx, cluster) and the point estimate psi (cluster), so that
+    ``log_q`` and the bound can be recomputed from the tree alone."""
+    return xr.Dataset({
+        "r": (("pair", "cluster"), np.asarray(state.r)), "m": (("cluster", "feature"), np.asarray(state.m)),
+        "S": (("cluster", "feature", "feature_bis"), np.asarray(state.S)),
+        "a": (("agent_idx", "cluster"), np.asarray(state.a)), "psi": (("cluster",), np.exp(np.asarray(state.log_psi))),
+    })
+
+
 def run_restarts(key, pdat: PairData, hyper: Hyper, *, max_iter: int, tol: float, num_restarts: int):
     """``num_restarts`` independent runs (vectorised) from random soft labels; returns the one with the
     highest final bound (its state, trace, iterations) and every restart's final bound. Mean-field VB-EM
@@ -215,20 +231,13 @@ def run_vbem(ctx: FitContext) -> Draws:
     S = o["num_samples"]
     psi = jnp.broadcast_to(jnp.exp(state.log_psi), (S, hyper.K))
     add_chain = lambda x: np.asarray(x)[None]  # noqa: E731
-    import xarray as xr
-
-    fitted = xr.Dataset({
-        "r": (("pair", "cluster"), np.asarray(state.r)), "m": (("cluster", "feature"), np.asarray(state.m)),
-        "S": (("cluster", "feature", "feature_bis"), np.asarray(state.S)),
-        "a": (("agent_idx", "cluster"), np.asarray(state.a)), "psi": (("cluster",), np.exp(np.asarray(state.log_psi))),
-    })
     return Draws(posterior={"w": add_chain(w), "psi": add_chain(psi), "theta": add_chain(theta), "z": add_chain(z)},
                  sample_stats={"log_q": add_chain(log_q)},
                  traces={"elbo": np.asarray(trace)},
                  attrs={"n_iter": int(n_iter), "elbo": float(trace[-1]),
                         "restart_elbos": [float(v) for v in np.asarray(finals)],
                         "psi_point_estimate": "psi is a MAP point estimate; log_q covers (w, theta) only"},
-                 groups={"vbem": fitted})
+                 groups={"vbem": q_dataset(state)})
 
 
-__all__ = ["VBInfo", "VBState", "draw", "elbo", "init", "run", "step"]
+__all__ = ["VBInfo", "VBState", "draw", "elbo", "init", "q_dataset", "run", "step"]

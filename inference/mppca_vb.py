@@ -28,6 +28,12 @@ non-zero M is required: q(Lambda) at the prior is a fixed point, E17); restarts 
 E8) are reported pruned; each kept M_k is rotated by eq. 5 (columns orthogonal, decreasing norm, first
 coordinate >= 0) and its rank chosen by Algorithm 1 with the VBmix semantics (successive truncations,
 2 KL <= 0.1, E9). Draws for the DataTree come from the q factors (unrotated) with their log density ``log_q``.
+
+Spaces: ``log_q`` is the density of q(omega) q(nu) q(Lambda) q(mu) q(tau) at the draws of the model's sites
+(omega, nu, Wt = Lambda^T, mu, tau); the NumPyro model marginalises z and x, so these are exactly the variables
+its log density is evaluated on. The bound F is the ELBO on the augmented space (omega, nu, Lambda, mu, tau, z,
+x), E_q[log p(Y, x, z, theta) - log q(theta) - log q(z, x)]; the ELBO of q(theta) on the model's space is >= F.
+Every parameter of q is stored in group ``variational`` (tests/test_log_q.py rebuilds both from it).
 """
 
 from __future__ import annotations
@@ -502,16 +508,34 @@ def fit_vbem(Y, hyper, key, *, mixture=True, n_init=1, max_iter=1000, tol=1e-7, 
 
 
 def _variational_group(cfg: Cfg, st: VBState, summ: dict) -> xr.Dataset:
+    """Group ``variational``: the point summary (N_k, kept, rank, weight, E_nu, E_tau) and every parameter of
+    q, so that ``log_q`` and the bound can be recomputed from the tree: alpha (Dirichlet q(omega); absent for
+    ppca), a_nu, b_nu (Gamma shape/rate of q(nu)), M, SL (q(Lambda_k) rows N(M_k^i, SL_k)), m_mu, s2_mu
+    (q(mu_k) = N(m_mu_k, s2_k I)), c_tau, e_tau (Gamma shape/rate of q(tau); absent when tau is fixed) and the
+    local factors r (row, component) = q(z_n = k), m_x (row, component, column), Sx (component, column,
+    column) of q(x_n | z_n = k) = N(m_x_nk, Sx_k)."""
     K = cfg.K
-    return xr.Dataset({
+    ds = {
         "N_k": (("component",), np.asarray(summ["N_k"])),
         "kept": (("component",), np.isin(np.arange(K), summ["keep"])),
         "m_mu": (("component", "feature"), np.asarray(st.m_mu)),
+        "s2_mu": (("component",), np.asarray(st.s2_mu)),
         "M": (("component", "feature", "column"), np.asarray(st.M)),
+        "SL": (("component", "column", "column_bis"), np.asarray(st.SL)),
         "E_nu": (("component", "column"), np.asarray(st.a_nu / st.b_nu)),
+        "a_nu": (("component", "column"), np.asarray(st.a_nu)),
+        "b_nu": (("component", "column"), np.asarray(st.b_nu)),
+        "r": (("row", "component"), np.asarray(st.r)),
+        "m_x": (("row", "component", "column"), np.asarray(st.m)),
+        "Sx": (("component", "column", "column_bis"), np.asarray(st.Sx)),
         "rank": (("kept_component",), summ["ranks"]),
         "weight": (("kept_component",), summ["weights"]),
-    }, attrs={"E_tau": summ["tau"]})
+    }
+    if cfg.mixture:
+        ds["alpha"] = (("component",), np.asarray(st.alpha))
+    if cfg.learn_tau:
+        ds["c_tau"], ds["e_tau"] = ((), np.asarray(st.c_tau)), ((), np.asarray(st.e_tau))
+    return xr.Dataset(ds, attrs={"E_tau": summ["tau"]})
 
 
 @register_method("vbem", kind="variational", models=("mppca", "ppca"), check=_check_vbem, options=VBEM_OPTIONS)

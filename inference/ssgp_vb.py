@@ -68,6 +68,14 @@ sweep: an over-relaxed step can jump across the maximum and land on an almost eq
 only the Gaussian factors nu+- need exp per pair.
 **Warm start (E17):** the first ``warm_start`` sweeps freeze q(lam): from mu_alpha = 0 the first lam step
 would send mu_lam to the prior mean 0, a stationary point with a flat f.
+
+**Spaces of log q and of the bound.** ``draw`` returns log q at the model's (non-centred) sites lam, sigma,
+alpha_raw, beta0, beta, tau, b_raw, gamma, with the Jacobians of alpha_raw = sqrt(m) alpha / sigma and b_raw =
+b / tau. The bound (``lower_bound``) is: LMM, the ELBO on the model's space itself; probit, the ELBO on the
+Albert-Chib space (theta, y*) with the optimal q(y*_i) = TN(E_q eta_i, 1) truncated to y_i's side, below the
+model-space ELBO; logit, the Jaakkola-Jordan bound, which is exactly the ELBO on the Polya-Gamma space
+(theta, omega) with q(omega_i) = PG(1, xi_i) (E_q omega_i = tanh(xi_i/2)/(2 xi_i) = 2 omega(xi_i); Durante &
+Rigon 2019), also below the model-space ELBO. tests/test_log_q.py checks all three identities by Monte Carlo.
 """
 
 from __future__ import annotations
@@ -782,7 +790,8 @@ def draw(cfg, data, st, key, num_samples):
 
 
 def state_dataset(cfg, st):
-    """The variational parameters as an xarray Dataset (stored in the tree for ``predict``)."""
+    """The variational parameters as an xarray Dataset (stored in the tree for ``predict`` and for
+    recomputing ``log_q`` and the bound from the tree), with the Jaakkola-Jordan points ``xi`` for logit."""
     ds = {"mu_lam": (["input"], st.mu_lam), "Sig_lam": (["input", "input_"], st.Sig_lam),
           "mu_alpha": (["basis"], st.mu_a), "Sig_alpha": (["basis", "basis_"], st.Sig_a),
           "mu_beta": (["coef"], st.mu_b), "Sig_beta": (["coef", "coef_"], st.Sig_b),
@@ -794,6 +803,8 @@ def state_dataset(cfg, st):
         ds["E_gamma2"] = ((), inv_moment(cfg.n - 2.0, st.C_gam, cfg.A_gamma**2, -2.0))
     if cfg.T > 0:
         ds["E_tau"] = (["re_term"], jax.vmap(lambda c: inv_moment(cfg.J - 2.0, c, cfg.A_tau**2, -1.0))(st.C_tau))
+    if cfg.likelihood == "logit":
+        ds["xi"] = (["obs"], st.xi[:cfg.n])  # the Jaakkola-Jordan points of the bound (``lower_bound``)
     return xr.Dataset({k: (dims, np.asarray(v)) for k, (dims, v) in ds.items()})
 
 
