@@ -184,3 +184,14 @@ def test_zoo_compare_and_demo_write_parsable_reports(tmp_path):
     finally:
         for spec in (LINREG, NORMAL):
             zoo.register(spec, replace=True)
+
+
+def test_compare_help_explains_the_four_verdicts_and_the_two_kinds_of_rule():
+    from zoo.cli import app
+
+    result = CliRunner().invoke(app, ["compare", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    for words in ("PASS", "FAIL", "NOT CONVERGED", "NOT JUDGED", "Two kinds of rule", "Samplers", "Approximations",
+                  "Bonferroni", "0.2 reference sd", "sd ratio 0.8-1.25", "k-hat <= 0.7", "1 % of their range"):
+        assert words in text, words
