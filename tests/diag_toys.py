@@ -24,6 +24,8 @@ Hand-made "methods" with known defects, each registered through the public route
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -278,3 +280,15 @@ def hand_tree(posterior: dict, *, model: str | None = None, method: str = "candi
     tree = xr.DataTree.from_dict(groups)
     tree.attrs.update({"method": method, **({"model": model} if model else {})})
     return tree
+
+
+@contextlib.contextmanager
+def registered(*specs: zoo.ModelSpec):
+    """The toy specs registered for the duration of the block (tests never leave them in the registry)."""
+    for spec in specs:
+        zoo.register(spec, replace=True)
+    try:
+        yield
+    finally:
+        for spec in specs:
+            zoo.unregister(spec.name)

@@ -14,13 +14,12 @@ import re
 
 import numpy as np
 import pytest
-from diag_toys import LINREG, NORMAL, hand_tree
+from diag_toys import LINREG, NORMAL, hand_tree, registered
 from scipy.signal import lfilter
 from scipy.stats import multivariate_normal
 
 import diagnostics
 import inference
-import zoo
 from diagnostics.scorecard import FAIL, FWER, NOT_CONVERGED, NOT_JUDGED, PASS, method_scores, scorecard, z_critical
 
 D = 30  # quantities of the Gaussian toy: 60 tests per sampler, z_crit = Phi^-1(1 - 0.01 / 120) = 3.76
@@ -51,11 +50,8 @@ def gaussian_draws(seed, chains, draws, *, phi=0.0, mean=MEAN, chol=CHOL):
 
 @pytest.fixture(scope="module", autouse=True)
 def toys():
-    for spec in (LINREG, NORMAL):
-        zoo.register(spec, replace=True)
-    yield
-    for spec in (LINREG, NORMAL):
-        zoo.unregister(spec.name)
+    with registered(LINREG, NORMAL):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -253,9 +249,7 @@ def test_the_floor_keeps_rare_draws_from_failing_an_exact_method_but_fails_a_rea
     """5 of 2000 draws at 0.85 give an sd ratio ~25 and z_sd ~4 > z_crit 3.02: without the floor the exact
     sampler fails; with p declared a probability (floor 0.01) it passes. A real shift, 0.999 -> 0.95, still
     fails. For an approximation whose p never moves (sd ratio 0) the floor does the same."""
-    for spec in (RARE, RARE_UNDECLARED):
-        zoo.register(spec, replace=True)
-    try:
+    with registered(RARE, RARE_UNDECLARED):
         def tree(model, **kw):
             d = _rare(**kw)
             if kind == "variational":
@@ -270,15 +264,11 @@ def test_the_floor_keeps_rare_draws_from_failing_an_exact_method_but_fails_a_rea
                 assert v == PASS, reasons
             else:
                 named = "sd of p is" if kind == "sampler" else "too narrow: sd of p"
-                assert v == FAIL and named in reasons, \
-                    reasons
+                assert v == FAIL and named in reasons, reasons
         ref = hand_tree(_rare(seed=0, chains=4, draws=1000), model="dq_rare")
         shifted = hand_tree(_rare(seed=2, chains=2, draws=1000, level=0.95), model="dq_rare")
         v, reasons, _ = verdict_of(ref, shifted)
         assert v == FAIL and reasons.startswith("mean of p is") and "floor 0.01" in reasons
-    finally:
-        for spec in (RARE, RARE_UNDECLARED):
-            zoo.unregister(spec.name)
 
 
 def test_quantities_the_reference_holds_fixed_are_compared_by_value(reference):
