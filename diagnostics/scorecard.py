@@ -336,7 +336,9 @@ def _failure_reasons(sub: pd.DataFrame, kind: str, z_crit: float, n_tests: int) 
         if len(bad_mean):
             rows = _worst_first(bad_mean, bad_mean["z_mean"].fillna(np.inf))
             w = rows.iloc[0]
-            if np.isfinite(w.z_mean):
+            if np.isfinite(w.z_mean) and w.sd_ref <= w.floor:
+                text = _constant_text(w, "mean")
+            elif np.isfinite(w.z_mean):
                 text = (f"mean of {w.parameter} is {w["mean"]:.4g} against the reference's {w["mean_ref"]:.4g}: "
                         f"{w.std_mean_error:.2f} reference sd, z = {w.z_mean:.1f} combined Monte Carlo errors "
                         f"(rule: {rule}" + (f"; floor {w.floor:.3g}" if w.floor > 1e-6 else "") + ")")
@@ -348,17 +350,19 @@ def _failure_reasons(sub: pd.DataFrame, kind: str, z_crit: float, n_tests: int) 
         if len(bad_sd):
             rows = _worst_first(bad_sd, bad_sd["z_sd"].fillna(np.inf))
             w = rows.iloc[0]
-            out.append(f"sd of {w.parameter} is {w.sd_ratio:.2f}x the reference's ({w.sd:.3g} against "
-                       f"{w.sd_ref:.3g}), z = {w.z_sd:.1f} combined Monte Carlo errors of the sd (rule: {rule}"
-                       + (f"; floor {w.floor:.3g}" if w.floor > 1e-6 else "") + ")" + _others(rows, "the sd rule"))
+            out.append((_constant_text(w, "sd") if w.sd_ref <= w.floor else
+                        f"sd of {w.parameter} is {w.sd_ratio:.2f}x the reference's ({w.sd:.3g} against "
+                        f"{w.sd_ref:.3g}), z = {w.z_sd:.1f} combined Monte Carlo errors of the sd (rule: {rule}"
+                        + (f"; floor {w.floor:.3g}" if w.floor > 1e-6 else "") + ")") + _others(rows, "the sd rule"))
             severity.append(abs(w.z_sd) if np.isfinite(w.z_sd) else np.inf)
         return [text for _, text in sorted(zip(severity, out, strict=True), key=lambda p: -p[0])]
     if len(bad_mean):
         rows = bad_mean.sort_values("std_mean_error", ascending=False)
         w = rows.iloc[0]
-        out.append(f"mean of {w.parameter} is {w.std_mean_error:.2f} reference sd away from the reference's "
-                   f"({w["mean"]:.4g} against {w["mean_ref"]:.4g}; rule: within {MEAN_TOL} reference sd"
-                   + (f" or {w.floor:.3g}" if w.floor > 1e-6 else "") + ")" + _others(rows, "the mean rule"))
+        out.append((_constant_text(w, "mean") if w.sd_ref <= w.floor else
+                    f"mean of {w.parameter} is {w.std_mean_error:.2f} reference sd away from the reference's "
+                    f"({w["mean"]:.4g} against {w["mean_ref"]:.4g}; rule: within {MEAN_TOL} reference sd"
+                    + (f" or {w.floor:.3g}" if w.floor > 1e-6 else "") + ")") + _others(rows, "the mean rule"))
     narrow = bad_sd[bad_sd["sd"] < bad_sd["sd_ref"]].sort_values("sd_ratio")
     wide = bad_sd[bad_sd["sd"] > bad_sd["sd_ref"]].sort_values("sd_ratio", ascending=False)
     lo, hi = SD_RATIO_RANGE
@@ -371,6 +375,15 @@ def _failure_reasons(sub: pd.DataFrame, kind: str, z_crit: float, n_tests: int) 
         out.append(f"too wide: sd of {w.parameter} is {w.sd_ratio:.2f}x the reference's (rule: sd ratio {lo}-{hi})"
                    + _others(wide, "too wide"))
     return out
+
+
+def _constant_text(w: pd.Series, what: str) -> str:
+    """A failed quantity the reference holds (nearly) constant: its difference in its own units, not in
+    reference sd (which would be float noise)."""
+    ours, theirs = (w["mean"], w["mean_ref"]) if what == "mean" else (w["sd"], w["sd_ref"])
+    return (f"{what} of {w.parameter} is {ours:.4g} against the reference's {theirs:.4g}, which holds it nearly "
+            f"constant (sd {w['sd_ref']:.2g}): the difference {abs(ours - theirs):.3g} exceeds its floor "
+            f"{w['floor']:.3g} (rule: never fail below the floor, else the method's rule)")
 
 
 def _others(rows: pd.DataFrame, what: str) -> str:
@@ -427,17 +440,21 @@ def method_scores(reference: xr.DataTree | ComparedView, candidates: Mapping | x
                "n_compared": len(labels), "n_missing": len(missing), "missing": ", ".join(missing),
                "z_critical": z_crit}
         if len(sub):
-            i = sub["std_mean_error"].idxmax()
-            row["max_std_mean_error"] = float(sub.at[i, "std_mean_error"])
-            row["worst_mean_parameter"] = sub.at[i, "parameter"]
-            row["min_sd_ratio"], row["max_sd_ratio"] = float(sub["sd_ratio"].min()), float(sub["sd_ratio"].max())
-            row["mean_w1_sd"] = float(sub["w1_sd"].mean())
+            # Summaries in reference-sd units over the quantities with spread: for one the reference holds
+            # (nearly) constant, an sd ratio or a z of float noise means nothing (its floor judges it).
+            live = sub[sub["sd_ref"] > sub["floor"]]
+            live = live if len(live) else sub
+            i = live["std_mean_error"].idxmax()
+            row["max_std_mean_error"] = float(live.at[i, "std_mean_error"])
+            row["worst_mean_parameter"] = live.at[i, "parameter"]
+            row["min_sd_ratio"], row["max_sd_ratio"] = float(live["sd_ratio"].min()), float(live["sd_ratio"].max())
+            row["mean_w1_sd"] = float(live["w1_sd"].mean())
             row["frac_ok"] = float(sub["ok"].mean())
-            row["min_ess_bulk"] = float(sub["ess_bulk"].min())
+            row["min_ess_bulk"] = float(live["ess_bulk"].min())
             if view.kind == "sampler":
-                row["max_abs_z"] = float(np.nanmax(np.abs(sub[["z_mean", "z_sd"]].to_numpy(dtype=float)),
+                row["max_abs_z"] = float(np.nanmax(np.abs(live[["z_mean", "z_sd"]].to_numpy(dtype=float)),
                                                    initial=0.0))
-                row["detectable_shift"] = float((z_crit + POWER_Z) * sub["mcse_mean_sd"].max())
+                row["detectable_shift"] = float((z_crit + POWER_Z) * live["mcse_mean_sd"].max())
         if joint and len(sub):
             common = list(sub["parameter"])
             row.update(metrics.joint_metrics(ref.flats(common), view.flats(common), seed=seed))
