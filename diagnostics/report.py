@@ -153,6 +153,15 @@ def _pick_reference(trees: Mapping[str, xr.DataTree], reference: str | None) -> 
     return None
 
 
+def _badness(card: pd.DataFrame) -> pd.Series:
+    """How much each scorecard row disagrees with the reference, for choosing what to show: rows failing their
+    rule first, then mean error plus |log sd ratio|. Rows the reference holds (nearly) constant count only when
+    they fail (in reference sd their float noise would look enormous)."""
+    live = card["sd_ref"] > card["floor"]
+    size = card["std_mean_error"] + np.abs(np.log(card["sd_ratio"].clip(lower=1e-12))).fillna(0.0)
+    return size.where(live, 0.0).clip(upper=1e3) + 1e4 * (~card["ok"].astype(bool))
+
+
 def _figure(out_dir: Path, name: str, caption: str, make) -> str:
     """Run ``make(path)``; an <img> with caption, or the error in red (a broken plot must not hide the
     rest of the report)."""
@@ -262,8 +271,12 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
     items = []
     if scores is not None:
         for r in scores.itertuples():
+            reason = r.reasons
+            if r.verdict == NOT_JUDGED:  # the same for every method: said once, under "The MCMC reference"
+                own = reason[reason.index("its own chains"):] if "its own chains" in reason else ""
+                reason = "the reference is not healthy (see below)" + (f"; {own}" if own else "")
             items.append(f"<li>{_badge(r.verdict)} <b>{_esc(r.method)}</b> ({_esc(r.kind)}, "
-                         f"{'MCSE rule' if r.rule == 'MCSE' else 'practical rule'}): {_esc(r.reasons)}.</li>")
+                         f"{'MCSE rule' if r.rule == 'MCSE' else 'practical rule'}): {_esc(reason)}.</li>")
     sentence = _sentence(scores if scores is not None else pd.DataFrame(), ref_name)
     sections.append(("verdict", "Verdicts", f"<p>{sentence}</p>"
                      + (f"<ul class='verdicts'>{''.join(items)}</ul>" if items else "")
@@ -314,9 +327,10 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
         rows = card
         note = ""
         if len(card) > MAX_SCORECARD_ROWS:
-            rows = card.sort_values("std_mean_error", ascending=False).head(MAX_SCORECARD_ROWS)
-            note = (f"<p class='muted'>Showing the {MAX_SCORECARD_ROWS} rows with the largest mean error of "
-                    f"{len(card)}; all rows are in <a href='scorecard.csv'>scorecard.csv</a>.</p>")
+            rows = card.loc[_badness(card).sort_values(ascending=False).index].head(MAX_SCORECARD_ROWS)
+            note = (f"<p class='muted'>Showing {MAX_SCORECARD_ROWS} of {len(card)} rows: those that fail their rule, "
+                    "then the largest disagreements with the reference; all rows are in "
+                    "<a href='scorecard.csv'>scorecard.csv</a>.</p>")
         keep = ["method", "parameter", "mean_ref", "mean", "sd_ref", "sd", "std_mean_error", "sd_ratio", "w1_sd",
                 "cover50", "cover90", "ess_bulk", "rhat", "z_mean", "z_sd", "rule", "ok"]
         sections.append(("scorecard", "Per-quantity scorecard",
@@ -328,8 +342,7 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
     # --- plots (large models: the quantities where the methods disagree most with the reference)
     labels, which = None, ""
     if card is not None and card["parameter"].nunique() > plots.MAX_PANELS:
-        badness = (card["std_mean_error"] + np.abs(np.log(card["sd_ratio"].clip(lower=1e-12)))).groupby(
-            card["parameter"]).max()
+        badness = _badness(card).groupby(card["parameter"]).max()
         labels = list(badness.sort_values(ascending=False).index[:plots.MAX_PANELS])
         which = (f" Shown: the {plots.MAX_PANELS} of {card['parameter'].nunique()} quantities where some method "
                  "disagrees most with the reference.")
@@ -433,9 +446,15 @@ def _write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _short(reason: str, limit: int = 150) -> str:
+def first_clause(reason: str, limit: int = 150) -> str:
     """The first clause of a verdict's reasons (what failed, with its number), cut to ``limit`` characters."""
-    first = reason.split("; ")[0].split(". What to change")[0]
+    depth, end = 0, len(reason)
+    for i, ch in enumerate(reason):  # the first "; " outside parentheses ends the first clause
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and reason.startswith("; ", i):
+            end = i
+            break
+    first = reason[:end].split(". What to change")[0]
     return first if len(first) <= limit else first[: limit - 1].rstrip() + "…"
 
 
@@ -466,8 +485,10 @@ def report_index(pages: Mapping[str, str | os.PathLike], out_dir: str | os.PathL
         for m, v in verdicts.items():
             verdict = str(v["verdict"]).upper()
             counts[verdict] = counts.get(verdict, 0) + 1
-            why = "" if verdict in (PASS, NOT_JUDGED) else (
-                f"<div class='muted'>{_esc(_short(v.get('reasons', '')))}</div>")
+            reason = v.get("reasons", "")
+            if verdict == NOT_JUDGED:  # the reference's failure is said once per model; a sampler's own mixing here
+                reason = reason[reason.index("its own chains"):] if "its own chains" in reason else ""
+            why = "" if verdict == PASS or not reason else f"<div class='muted'>{_esc(first_clause(reason))}</div>"
             cells.append(f"<div>{_badge(verdict)}&nbsp;<b>{_esc(m)}</b>{why}</div>")
         badges = "".join(cells) or "<span class='muted'>no reference: nothing judged</span>"
         if health and not health.get("reliable", True):

@@ -480,8 +480,13 @@ def _verdict(row: dict, sub: pd.DataFrame, health: dict, missing: list[str], con
              view: ComparedView, n_labels: int) -> tuple[str, str]:
     """The verdict of the module docstring and its reasons, in words a student can read."""
     if not health["reliable"]:
+        own = ""
+        if conv is not None:  # a sampler's own mixing needs no reference: say it either way
+            own = ("; its own chains have mixed (R-hat < 1.01, ESS >= 400)" if conv["converged"] else
+                   "; its own chains have not mixed either: " + "; ".join(conv["failures"]) + " (" +
+                   _run_longer(conv, view) + ")")
         return NOT_JUDGED, ("the MCMC reference failed its health check (" + "; ".join(health["failures"]) +
-                            "), so nothing is judged against it; the numbers are shown for information")
+                            "), so nothing is judged against it; the numbers are shown for information" + own)
     notes = []
     if row.get("khat_note"):
         notes.append(row["khat_note"])

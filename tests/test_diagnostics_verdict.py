@@ -193,6 +193,9 @@ def test_unhealthy_reference_gives_not_judged_naming_the_failed_check():
     two_chains = hand_tree({"x": gaussian_draws(9, 2, 2000)})  # 4000 draws, but 2 chains
     v, reasons, _ = verdict_of(two_chains, cand)
     assert v == NOT_JUDGED and "2 chains (need at least 4)" in reasons
+    assert "its own chains have mixed" in reasons  # a sampler's own convergence needs no reference
+    short = hand_tree({"x": gaussian_draws(8, 2, 100, phi=0.9)})
+    assert "its own chains have not mixed either" in verdict_of(two_chains, short)[1]
     stuck = gaussian_draws(10, 4, 1000)
     stuck[3, :, 5] += 3 * SD[5]  # one chain elsewhere on x[5]
     v, reasons, _ = verdict_of(hand_tree({"x": stuck}), cand)

@@ -178,12 +178,12 @@ def _write_comparison(spec, trees: dict, out: Path) -> Path:
     """Write the model's report page (every tree's compared view is computed once inside) and print each
     method's verdict with the first clause of its reason."""
     import diagnostics
-    from diagnostics.report import SUMMARY
+    from diagnostics.report import SUMMARY, first_clause
 
     page = Path(diagnostics.report(spec.name, trees, out / spec.name))
     summary = json.loads((page.parent / SUMMARY).read_text())
     for method, v in summary.get("methods", {}).items():
-        why = "" if v["verdict"] in ("PASS", "NOT JUDGED") else f": {v['reasons'].split('; ')[0][:160]}"
+        why = "" if v["verdict"] in ("PASS", "NOT JUDGED") else f": {first_clause(v['reasons'], 200)}"
         typer.echo(f"  {spec.name}/{method}: {v['verdict']}{why}")
     health = summary.get("reference_health") or {}
     if health and not health.get("reliable", True):
