@@ -33,6 +33,7 @@ import pandas as pd
 import xarray as xr
 
 KHAT_MAX = 0.7
+ARVIZ_RESERVED_DIMS = ("component",)  # dim names arviz_stats.psense_summary uses itself
 THRESHOLD = 0.05
 
 
@@ -80,8 +81,11 @@ def _positional(post: xr.Dataset) -> xr.Dataset:
     (ssgp's curve grid) gave unreadable labels such as ``g[0.1245105123]``; positions give ``g[3]``, the
     label the scorecard and the health record use for the same quantity."""
     dims = [d for d in post.dims if d not in ("chain", "draw")]
-    return post.drop_vars([d for d in dims if d in post.coords]).assign_coords(
+    out = post.drop_vars([d for d in dims if d in post.coords]).assign_coords(
         {d: np.arange(post.sizes[d]) for d in dims})
+    # psense_summary stacks the prior and likelihood values along a dim it names "component": a posterior dim
+    # of that name (bpca's summaries) made it fail with "conflicting sizes for dimension 'component'"
+    return out.rename({d: f"{d}_" for d in dims if d in ARVIZ_RESERVED_DIMS})
 
 
 def sensitivity(tree, *, var_names: Sequence[str] | None = None,

@@ -126,6 +126,9 @@ def test_float_coordinates_give_readable_positional_labels(normal_data):
         tree["posterior"] = xr.DataTree(post.assign_coords({dim: [0.1245105123, 0.73]}))
         table = diagnostics.sensitivity(tree)
         assert list(table.index) == ["beta[0]", "beta[1]"]
+        # a dim named like ArviZ's own "component" (bpca's summaries) used to make psense_summary fail
+        tree["posterior"] = xr.DataTree(post.rename({dim: "component"}))
+        assert list(diagnostics.sensitivity(tree).index) == ["beta[0]", "beta[1]"]
         card = diagnostics.scorecard(tree, {"same": tree})
         assert set(card["parameter"]) == set(table.index)
     finally:

@@ -183,7 +183,10 @@ def _write_comparison(spec, trees: dict, out: Path) -> Path:
     page = Path(diagnostics.report(spec.name, trees, out / spec.name))
     summary = json.loads((page.parent / SUMMARY).read_text())
     for method, v in summary.get("methods", {}).items():
-        why = "" if v["verdict"] in ("PASS", "NOT JUDGED") else f": {first_clause(v['reasons'], 200)}"
+        reason = v["reasons"]
+        if v["verdict"] == "NOT JUDGED":  # the reference's failure is printed once below; a sampler's mixing here
+            reason = reason[reason.index("its own chains"):] if "its own chains" in reason else ""
+        why = f": {first_clause(reason, 200)}" if v["verdict"] != "PASS" and reason else ""
         typer.echo(f"  {spec.name}/{method}: {v['verdict']}{why}")
     health = summary.get("reference_health") or {}
     if health and not health.get("reliable", True):
