@@ -5,6 +5,7 @@ prior sensitivity.
 >>> ref = diagnostics.references.get_or_generate("hlcr")
 >>> card = diagnostics.scorecard(ref, {"gibbs": tree_gibbs, "svi": tree_svi})     # per quantity
 >>> diagnostics.method_scores(ref, {"gibbs": tree_gibbs, "svi": tree_svi})        # per method + verdict
+>>> view = diagnostics.compared_view(tree_gibbs)      # summaries, draws, ESS, R-hat, MCSE: computed once
 >>> diagnostics.psis_khat(tree_svi)                                               # Yao et al. 2018
 >>> diagnostics.sbc("hlcr", "gibbs", n_sims=200, seed=0)                          # resumable
 >>> diagnostics.vsbc("hlcr", "svi", n_sims=200, seed=0)
@@ -20,8 +21,10 @@ from diagnostics import plots, references
 from diagnostics.metrics import psis_khat
 from diagnostics.report import report, report_index
 from diagnostics.sbc import SBCResult, sbc, vsbc
-from diagnostics.scorecard import compared_posterior, method_scores, reference_health, scorecard
+from diagnostics.scorecard import VERDICTS, method_scores, reference_health, scorecard
 from diagnostics.sensitivity import sensitivity
+from diagnostics.view import ComparedView, compared_posterior, compared_view
 
-__all__ = ["SBCResult", "compared_posterior", "method_scores", "plots", "psis_khat", "reference_health",
-           "references", "report", "report_index", "sbc", "scorecard", "sensitivity", "vsbc"]
+__all__ = ["VERDICTS", "ComparedView", "SBCResult", "compared_posterior", "compared_view", "method_scores", "plots",
+           "psis_khat", "reference_health", "references", "report", "report_index", "sbc", "scorecard",
+           "sensitivity", "vsbc"]

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from diagnostics.view import ComparedView
+
 MAX_PANELS = 12
 # the reference (first tree) in near-black, the methods in the usual colour cycle
 COLORS = ["#222222", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
@@ -59,20 +61,19 @@ def _save(pc_or_fig, path) -> Path | None:
     return path
 
 
-def common_trees(trees: Mapping[str, xr.DataTree], *, var_names: Sequence[str] | None = None,
+def common_trees(trees: Mapping[str, xr.DataTree | ComparedView], *, var_names: Sequence[str] | None = None,
                  labels: Sequence[str] | None = None, max_panels: int = MAX_PANELS, seed: int = 0,
                  standardise: bool = False) -> dict[str, xr.DataTree]:
-    """Every tree reduced to the same scalar quantities and the same (chain=1, draw=n) shape;
-    ``standardise``: every quantity centred and scaled by the first tree's mean and sd (the reference),
-    so quantities of different scales share one axis. ``labels``: the scalar quantities to keep (as the
-    scorecard names them, e.g. ``"w[0,1]"``); default: the first ``max_panels``."""
-    from diagnostics.scorecard import _flat_draws, compared_posterior
+    """Every tree (or its ``ComparedView``, whose draws are reused) reduced to the same scalar quantities and
+    the same (chain=1, draw=n) shape; ``standardise``: every quantity centred and scaled by the first tree's
+    mean and sd (the reference), so quantities of different scales share one axis. ``labels``: the scalar
+    quantities to keep (as the scorecard names them, e.g. ``"w[0,1]"``); default: the first ``max_panels``."""
+    from diagnostics.view import compared_view
 
     flats = {}
     for name, tree in trees.items():
-        ds = compared_posterior(tree)
-        names = [k for k in (var_names or ds.data_vars) if k in ds and np.issubdtype(ds[k].dtype, np.floating)]
-        flats[name] = _flat_draws(ds, names)
+        view = compared_view(tree, name=name)
+        flats[name] = view.flats([lab for lab in view.labels if var_names is None or lab.split("[", 1)[0] in var_names])
     common = [lab for lab in next(iter(flats.values())) if all(lab in f for f in flats.values())]
     labels = [lab for lab in common if labels is None or lab in set(labels)][:max_panels]
     if not labels:
@@ -106,7 +107,7 @@ def _cols(n: int) -> int:
     return min(4, n)
 
 
-def plot_marginals(trees: Mapping[str, xr.DataTree], path: str | os.PathLike | None = None, *,
+def plot_marginals(trees: Mapping[str, xr.DataTree | ComparedView], path: str | os.PathLike | None = None, *,
                    var_names: Sequence[str] | None = None, labels: Sequence[str] | None = None,
                    max_panels: int = MAX_PANELS):
     """Overlaid marginal densities of every method (``trees``: name -> DataTree; put the reference
@@ -156,7 +157,7 @@ def _split_point_masses(common: dict[str, xr.DataTree]) -> tuple[dict[str, xr.Da
     return out, points
 
 
-def plot_forest(trees: Mapping[str, xr.DataTree], path: str | os.PathLike | None = None, *,
+def plot_forest(trees: Mapping[str, xr.DataTree | ComparedView], path: str | os.PathLike | None = None, *,
                 var_names: Sequence[str] | None = None, labels: Sequence[str] | None = None,
                 max_panels: int = 2 * MAX_PANELS, standardise: bool = True):
     """Central 50 % / 89 % intervals and medians of every method, quantity by quantity; by default in
@@ -183,11 +184,11 @@ def plot_forest(trees: Mapping[str, xr.DataTree], path: str | os.PathLike | None
     return pc
 
 
-def plot_traces(trees: Mapping[str, xr.DataTree], path: str | os.PathLike | None = None):
+def plot_traces(trees: Mapping[str, xr.DataTree | ComparedView], path: str | os.PathLike | None = None):
     """ELBO / bound against iteration for every method that stores a trace; None when none does."""
     from diagnostics.metrics import trace_of
 
-    traces = {name: trace_of(tree) for name, tree in trees.items()}
+    traces = {name: trace_of(tree.tree if isinstance(tree, ComparedView) else tree) for name, tree in trees.items()}
     traces = {k: v for k, v in traces.items() if v[0] is not None and np.isfinite(v[1]).any()}
     if not traces:
         return None
@@ -249,18 +250,18 @@ def _n_scalars(da: xr.DataArray) -> int:
     return int(np.prod([n for d, n in da.sizes.items() if d not in ("chain", "draw")]))
 
 
-def plot_sensitivity(tree: xr.DataTree, path: str | os.PathLike | None = None, *,
+def plot_sensitivity(tree: xr.DataTree | ComparedView, path: str | os.PathLike | None = None, *,
                      var_names: Sequence[str] | None = None, prior_sites: Sequence[str] | None = None,
                      max_panels: int = MAX_PANELS):
     """Posterior marginals when the prior / likelihood is power-scaled by alpha = 0.8 and 1.25
     (``arviz_plots.plot_psense_dist``): curves that move mean sensitivity."""
     import arviz_plots as azp
 
-    from diagnostics.sensitivity import _analysis_tree
+    from diagnostics.sensitivity import _analysis_tree, _positional
 
     _mpl()
     data = _analysis_tree(tree)
-    post = data["posterior"].to_dataset()
+    post = _positional(data["posterior"].to_dataset())
     names = [k for k in (var_names or post.data_vars) if np.issubdtype(post[k].dtype, np.floating)]
     # smallest variables first: the scalar hyperparameters are where prior sensitivity matters most
     names = sorted(names, key=lambda k: _n_scalars(post[k]))

@@ -22,6 +22,7 @@ import pandas as pd
 import xarray as xr
 
 import zoo
+from diagnostics.scorecard import FAIL, NOT_CONVERGED, NOT_JUDGED, PASS, VERDICTS
 
 PAGE = "report.html"
 SUMMARY = "summary.json"
@@ -42,7 +43,10 @@ tr:nth-child(even) td { background: #fafbfc; }
 .scroll { max-height: 560px; overflow: auto; border: 1px solid #e3e6eb; display: inline-block; max-width: 100%; }
 .badge { display: inline-block; padding: 1px 9px; border-radius: 10px; font-weight: 600; font-size: 0.85em;
          color: #fff; } .pass { background: #2e7d32; } .warn { background: #b26a00; }
-.fail { background: #c62828; } .notjudged { background: #607d8b; }
+.fail { background: #c62828; } .notjudged { background: #607d8b; } .notconverged { background: #b26a00; }
+.legend { border: 1px solid #e3e6eb; background: #fafbfc; padding: 8px 14px; margin: 10px 0 16px; }
+.legend dt { margin-top: 6px; } .legend dd { margin: 2px 0 4px 1.5em; color: #333a48; }
+.counts span.badge { margin-right: 4px; } .counts { font-size: 1.05em; margin: 8px 0 14px; }
 ul.verdicts li { margin: 6px 0; } figure { margin: 12px 0 22px; } figure img { max-width: 100%;
          border: 1px solid #e3e6eb; } figcaption { color: #4a5263; font-size: 0.9em; max-width: 60em; }
 .error { color: #c62828; font-family: monospace; white-space: pre-wrap; font-size: 0.85em; }
@@ -69,9 +73,20 @@ GLOSSARY = [
     ("bound", "the method's objective at convergence (ELBO or its lower bound on log p(y))."),
     ("ESS/s", "for samplers: the smallest bulk effective sample size over the compared quantities, per "
               "second of run time (compile time excluded): how fast the sampler produces information."),
-    ("R-hat, ESS, divergences", "MCMC health of the reference: chains agree (R-hat < 1.01), enough effective "
-                                "draws (bulk ESS > 400), and no divergent transitions. A reference failing "
-                                "them is not used to judge anything."),
+    ("R-hat, ESS, divergences", "MCMC health of the reference: at least 4 chains and 4000 draws, chains agree "
+                                "(R-hat < 1.01), enough effective draws (bulk and tail ESS >= 400 on every "
+                                "compared quantity), no divergent transitions and E-BFMI > 0.3. A reference "
+                                "failing them is not used to judge anything (NOT JUDGED). A candidate sampler "
+                                "needs R-hat < 1.01 and ESS >= 400 of its own (else NOT CONVERGED)."),
+    ("z (z_mean, z_sd)", "for samplers: the difference of the means (or of the sds) divided by the combined Monte "
+                         "Carlo standard error of both runs. An exact sampler gives |z| of a few at most; the "
+                         "critical value is Bonferroni-corrected over every test of the method (family-wise "
+                         "false-alarm probability 1 %)."),
+    ("mcse_mean_sd", "Monte Carlo standard error of the mean difference, in reference sd: "
+                     "sqrt(sd_ratio^2 / ESS_method + 1 / ESS_reference)."),
+    ("floor", "the smallest difference that can fail: 1 % of the range of a bounded quantity (0.01 for a "
+              "probability), so that rare draws of a probability pinned near 0 or 1 cannot fail an exact "
+              "sampler; float noise for the rest."),
     ("prior / likelihood sensitivity", "how much each posterior quantity moves when the prior (or the "
                                        "likelihood) is raised to a power near 1 (Kallioinen et al. 2024); "
                                        "above 0.05 it matters. k-hat of the power-scaling weights above 0.7 "
@@ -120,7 +135,7 @@ def _table(df: pd.DataFrame, *, text_cols: Sequence[str] = (), index: bool = Fal
 
 
 def _badge(verdict: str) -> str:
-    cls = str(verdict).replace(" ", "")
+    cls = str(verdict).lower().replace(" ", "")
     return f'<span class="badge {_esc(cls)}">{_esc(str(verdict).upper())}</span>'
 
 
@@ -136,6 +151,15 @@ def _pick_reference(trees: Mapping[str, xr.DataTree], reference: str | None) -> 
         if key == "nuts" or tree.attrs.get("method") == "nuts":
             return key
     return None
+
+
+def _badness(card: pd.DataFrame) -> pd.Series:
+    """How much each scorecard row disagrees with the reference, for choosing what to show: rows failing their
+    rule first, then mean error plus |log sd ratio|. Rows the reference holds (nearly) constant count only when
+    they fail (in reference sd their float noise would look enormous)."""
+    live = card["sd_ref"] > card["floor"]
+    size = card["std_mean_error"] + np.abs(np.log(card["sd_ratio"].clip(lower=1e-12))).fillna(0.0)
+    return size.where(live, 0.0).clip(upper=1e3) + 1e4 * (~card["ok"].astype(bool))
 
 
 def _figure(out_dir: Path, name: str, caption: str, make) -> str:
@@ -157,18 +181,43 @@ def _figure(out_dir: Path, name: str, caption: str, make) -> str:
 def _sentence(scores: pd.DataFrame, ref_name: str | None) -> str:
     if ref_name is None or not len(scores):
         return "No MCMC reference was available, so no method is judged; the tables describe each fit on its own."
-    groups = {v: list(scores.loc[scores["verdict"] == v, "method"]) for v in ("pass", "warn", "fail", "not judged")}
+    words = {PASS: "pass", FAIL: "fail", NOT_CONVERGED: "have not converged (run them longer)",
+             NOT_JUDGED: "cannot be judged (the reference is unhealthy)"}
     parts = []
-    if groups["pass"]:
-        parts.append(f"{len(groups['pass'])} pass ({', '.join(groups['pass'])})")
-    if groups["warn"]:
-        parts.append(f"{len(groups['warn'])} pass with warnings ({', '.join(groups['warn'])})")
-    if groups["fail"]:
-        parts.append(f"{len(groups['fail'])} fail ({', '.join(groups['fail'])})")
-    if groups["not judged"]:
-        parts.append(f"{len(groups['not judged'])} cannot be judged ({', '.join(groups['not judged'])})")
+    for v in VERDICTS:
+        methods = list(scores.loc[scores["verdict"] == v, "method"])
+        if methods:
+            parts.append(f"{len(methods)} {words[v]} ({_esc(', '.join(methods))})")
     return (f"Of {len(scores)} method(s) compared with the reference <b>{_esc(ref_name)}</b>, "
             + "; ".join(parts) + ".")
+
+
+VERDICT_LEGEND = [
+    (PASS, "every compared quantity of the reference was compared and agrees with it under the method's rule."),
+    (FAIL, "the posterior disagrees with the reference (or lacks some of its quantities); the reason names the "
+           "quantity, the number and the rule."),
+    (NOT_CONVERGED, "a sampler whose own chains have not mixed (R-hat >= 1.01 or ESS < 400 on some quantity): its "
+                    "numbers are not yet worth comparing; the reason says how much longer to run."),
+    (NOT_JUDGED, "the MCMC reference itself failed its health check (>= 4 chains, >= 4000 draws, R-hat < 1.01, "
+                 "bulk and tail ESS >= 400 on every compared quantity, no divergences, E-BFMI > 0.3), so nothing is "
+                 "judged against it."),
+]
+
+RULES_TEXT = (
+    "<p>Two kinds of rule. <b>Samplers</b> (NUTS, Gibbs) are exact in the limit, so they are judged by Monte "
+    "Carlo error: for every quantity, the difference of the means and of the sds is divided by the combined Monte "
+    "Carlo standard error of both runs (z), and fails when |z| exceeds a Bonferroni-corrected critical value "
+    "(family-wise false-alarm probability 1 % over all of the method's tests, about 3.6-4.1). <b>Approximations"
+    "</b> (variational methods, point estimates) are judged on practical thresholds: mean within 0.2 reference "
+    "sd, sd between 0.8 and 1.25 times the reference's, and PSIS k-hat at most 0.7 when the method knows its "
+    "own density (point estimates: the mean only). Every tolerance is at least a floor: 0.01 for probabilities "
+    "and other bounded quantities (1 % of their range), so rare draws of a probability pinned near 0 or 1 cannot "
+    "fail an exact sampler.</p>")
+
+
+def _legend() -> str:
+    items = "".join(f"<dt>{_badge(v)}</dt><dd>{_esc(text)}</dd>" for v, text in VERDICT_LEGEND)
+    return f"<dl class='legend'>{items}</dl>"
 
 
 def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir: str | os.PathLike, *,
@@ -190,8 +239,9 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
     sensitivity_of: the key whose fit gets the power-scaling check (default: the reference).
     """
     from diagnostics import plots
-    from diagnostics.scorecard import method_scores, reference_health, scorecard
+    from diagnostics.scorecard import method_scores, scorecard
     from diagnostics.sensitivity import sensitivity
+    from diagnostics.view import compared_views
 
     spec = zoo.get(model)
     if not trees:
@@ -199,59 +249,71 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     ref_name = _pick_reference(trees, reference)
-    candidates = {k: v for k, v in trees.items() if k != ref_name}
-    ordered = ({ref_name: trees[ref_name]} if ref_name else {}) | candidates
+    sens_key = sensitivity_of or ref_name or next(iter(trees))
+    if sens_key not in trees:
+        raise ValueError(f"sensitivity_of: {sens_key!r} is not one of the trees {list(trees)}")
+    # Every tree's compared view (summaries, draws, ESS, R-hat, MCSE, health) once, for every section below.
+    ordered = compared_views(({ref_name: trees[ref_name]} if ref_name else {})
+                             | {k: v for k, v in trees.items() if k != ref_name})
+    candidates = {k: v for k, v in ordered.items() if k != ref_name}
 
     sections, summary = [], {"model": spec.name, "reference": ref_name, "methods": {}}
     card = scores = None
     if ref_name is not None and candidates:
-        card = scorecard(trees[ref_name], candidates, var_names=var_names)
-        scores = method_scores(trees[ref_name], candidates, card=card, var_names=var_names)
+        card = scorecard(ordered[ref_name], candidates, var_names=var_names)
+        scores = method_scores(ordered[ref_name], candidates, card=card, var_names=var_names)
         card.to_csv(out_dir / "scorecard.csv", index=False)
         scores.to_csv(out_dir / "methods.csv", index=False)
-        summary["methods"] = {r.method: {"verdict": r.verdict, "reasons": r.reasons} for r in scores.itertuples()}
+        summary["methods"] = {r.method: {"verdict": r.verdict, "kind": r.kind, "reasons": r.reasons}
+                              for r in scores.itertuples()}
 
     # --- verdict in words
     items = []
     if scores is not None:
         for r in scores.itertuples():
-            items.append(f"<li>{_badge(r.verdict)} <b>{_esc(r.method)}</b> ({_esc(r.kind)}): {_esc(r.reasons)}.</li>")
+            reason = r.reasons
+            if r.verdict == NOT_JUDGED:  # the same for every method: said once, under "The MCMC reference"
+                own = reason[reason.index("its own chains"):] if "its own chains" in reason else ""
+                reason = "the reference is not healthy (see below)" + (f"; {own}" if own else "")
+            items.append(f"<li>{_badge(r.verdict)} <b>{_esc(r.method)}</b> ({_esc(r.kind)}, "
+                         f"{'MCSE rule' if r.rule == 'MCSE' else 'practical rule'}): {_esc(reason)}.</li>")
     sentence = _sentence(scores if scores is not None else pd.DataFrame(), ref_name)
-    sections.append(("verdict", "Which methods pass", f"<p>{sentence}</p>"
+    sections.append(("verdict", "Verdicts", f"<p>{sentence}</p>"
                      + (f"<ul class='verdicts'>{''.join(items)}</ul>" if items else "")
-                     + "<p class='muted'>The rule: a method passes when, for every compared quantity, its mean is "
-                       "within 0.2 reference standard deviations of the reference mean and its standard deviation "
-                       "is between 0.8 and 1.25 times the reference's (both allowing 3 Monte Carlo standard "
-                       "errors for the finite number of draws), and, for methods that know their own density, "
-                       "the PSIS k-hat is at most 0.7. A reference that fails its MCMC health check judges "
-                       "nothing.</p>"))
+                     + _legend() + RULES_TEXT))
 
     # --- the reference
     if ref_name is not None:
-        health = card.attrs["reference_health"] if card is not None else reference_health(trees[ref_name])
+        health = ordered[ref_name].health
         summary["reference_health"] = health
-        rt = trees[ref_name]
-        hdf = pd.DataFrame([{"reference": ref_name, "draws": int(rt["posterior"].sizes["chain"] *
-                                                                 rt["posterior"].sizes["draw"]),
-                             "chains": int(rt["posterior"].sizes["chain"]), "max R-hat": health["max_rhat"],
-                             "min bulk ESS": health["min_ess_bulk"], "divergences": health["divergences"],
-                             "healthy": health["reliable"]}])
-        words = ("The reference is healthy: its chains agree, it has enough effective draws and no divergences, "
-                 "so it stands in for the true posterior." if health["reliable"] else
-                 "The reference is NOT healthy, so the scores below are shown but nothing is judged against it.")
-        sections.append(("reference", "The MCMC reference", f"<p>{words}</p>" + _table(hdf)))
+        hdf = pd.DataFrame([{"reference": ref_name, "draws": health["n_draws"], "chains": health["n_chains"],
+                             "max R-hat": health["max_rhat"], "min bulk ESS": health["min_ess_bulk"],
+                             "min tail ESS": health["min_ess_tail"], "divergences": health["divergences"],
+                             "min E-BFMI": health["min_ebfmi"], "healthy": health["reliable"]}])
+        if health["reliable"]:
+            words = ("<p>The reference is healthy: at least 4 chains and 4000 draws, its chains agree, every compared "
+                     "quantity has enough effective draws, no divergences, so it stands in for the true "
+                     "posterior.</p>")
+        else:
+            words = ("<p>The reference is <b>NOT healthy</b>, so every method is NOT JUDGED: the scores below are "
+                     "shown for information only. What failed:</p><ul>"
+                     + "".join(f"<li>{_esc(f)}</li>" for f in health["failures"]) + "</ul>")
+        sections.append(("reference", "The MCMC reference", words + _table(hdf)))
 
     # --- per-method table
     if scores is not None:
-        accuracy = ["method", "kind", "verdict", "max_std_mean_error", "min_sd_ratio", "max_sd_ratio", "mean_w1_sd",
-                    "w1_joint", "kl_joint", "mmd", "khat", "khat_reading"]
-        cost = ["method", "bound_name", "bound", "max_rhat", "min_ess_bulk", "ess_per_second", "compile_seconds",
-                "run_seconds", "n_draws"]
+        accuracy = ["method", "kind", "verdict", "n_missing", "max_std_mean_error", "min_sd_ratio", "max_sd_ratio",
+                    "max_abs_z", "z_critical", "detectable_shift", "mean_w1_sd", "w1_joint", "kl_joint", "mmd", "khat",
+                    "khat_reading"]
+        cost = ["method", "bound_name", "bound", "max_rhat", "min_ess", "run_longer", "ess_per_second",
+                "compile_seconds", "run_seconds", "n_draws"]
         names = {
             "max_std_mean_error": "max std mean err", "min_sd_ratio": "min sd ratio", "max_sd_ratio": "max sd ratio",
             "mean_w1_sd": "mean W1 (sd)", "w1_joint": "W1 joint", "kl_joint": "KL joint", "khat": "k-hat",
             "khat_reading": "k-hat reads", "bound_name": "objective", "bound": "at convergence",
-            "max_rhat": "own R-hat", "min_ess_bulk": "min ESS", "ess_per_second": "ESS/s",
+            "n_missing": "missing", "max_abs_z": "max |z|", "z_critical": "z crit",
+            "detectable_shift": "detects shifts (sd)", "run_longer": "run longer (x)",
+            "max_rhat": "own R-hat", "min_ess": "own min ESS", "ess_per_second": "ESS/s",
             "compile_seconds": "compile s", "run_seconds": "run s", "n_draws": "draws"}
 
         def pick(cols):
@@ -265,21 +327,22 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
         rows = card
         note = ""
         if len(card) > MAX_SCORECARD_ROWS:
-            rows = card.sort_values("std_mean_error", ascending=False).head(MAX_SCORECARD_ROWS)
-            note = (f"<p class='muted'>Showing the {MAX_SCORECARD_ROWS} rows with the largest mean error of "
-                    f"{len(card)}; all rows are in <a href='scorecard.csv'>scorecard.csv</a>.</p>")
+            rows = card.loc[_badness(card).sort_values(ascending=False).index].head(MAX_SCORECARD_ROWS)
+            note = (f"<p class='muted'>Showing {MAX_SCORECARD_ROWS} of {len(card)} rows: those that fail their rule, "
+                    "then the largest disagreements with the reference; all rows are in "
+                    "<a href='scorecard.csv'>scorecard.csv</a>.</p>")
         keep = ["method", "parameter", "mean_ref", "mean", "sd_ref", "sd", "std_mean_error", "sd_ratio", "w1_sd",
-                "cover50", "cover90", "ess_bulk", "ok"]
+                "cover50", "cover90", "ess_bulk", "rhat", "z_mean", "z_sd", "rule", "ok"]
         sections.append(("scorecard", "Per-quantity scorecard",
                          "<p>One row per (method, scalar quantity). Mixtures are compared on label-invariant "
-                         "summaries. <i>ok</i> says whether the row meets the rule above.</p>" + note
+                         "summaries. <i>z_mean</i>, <i>z_sd</i>: differences in combined Monte Carlo errors (the MCSE "
+                         "rule of samplers); <i>ok</i> says whether the row meets its method's rule.</p>" + note
                          + _table(rows[keep], scroll=True)))
 
     # --- plots (large models: the quantities where the methods disagree most with the reference)
     labels, which = None, ""
     if card is not None and card["parameter"].nunique() > plots.MAX_PANELS:
-        badness = (card["std_mean_error"] + np.abs(np.log(card["sd_ratio"].clip(lower=1e-12)))).groupby(
-            card["parameter"]).max()
+        badness = _badness(card).groupby(card["parameter"]).max()
         labels = list(badness.sort_values(ascending=False).index[:plots.MAX_PANELS])
         which = (f" Shown: the {plots.MAX_PANELS} of {card['parameter'].nunique()} quantities where some method "
                  "disagrees most with the reference.")
@@ -300,9 +363,8 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
     sections.append(("plots", "Plots", "".join(figs)))
 
     # --- sensitivity
-    sens_key = sensitivity_of or ref_name or next(iter(trees))
     try:
-        sens = sensitivity(trees[sens_key], var_names=var_names)
+        sens = sensitivity(ordered[sens_key], var_names=var_names)
         summary["sensitivity"] = {"of": sens_key, "flagged": [str(i) for i in sens.index[sens["diagnosis"] != "✓"]],
                                   "khat_prior": sens.attrs["khat_prior"],
                                   "khat_likelihood": sens.attrs["khat_likelihood"]}
@@ -321,7 +383,7 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
                 + _figure(out_dir, "sensitivity.png",
                           "Posterior marginals with the prior (left) or likelihood (right) raised to the power 0.8 "
                           "and 1.25: curves that move with the prior mean prior-sensitive quantities.",
-                          lambda p: plots.plot_sensitivity(trees[sens_key], p, var_names=var_names)))
+                          lambda p: plots.plot_sensitivity(ordered[sens_key], p, var_names=var_names)))
     except Exception as exc:  # noqa: BLE001
         body = f"<div class='error'>sensitivity check failed: {html.escape(repr(exc))}</div>"
     sections.append(("sensitivity", "Prior sensitivity", body))
@@ -384,12 +446,25 @@ def _write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def first_clause(reason: str, limit: int = 150) -> str:
+    """The first clause of a verdict's reasons (what failed, with its number), cut to ``limit`` characters."""
+    depth, end = 0, len(reason)
+    for i, ch in enumerate(reason):  # the first "; " outside parentheses ends the first clause
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and reason.startswith("; ", i):
+            end = i
+            break
+    first = reason[:end].split(". What to change")[0]
+    return first if len(first) <= limit else first[: limit - 1].rstrip() + "…"
+
+
 def report_index(pages: Mapping[str, str | os.PathLike], out_dir: str | os.PathLike) -> Path:
-    """Write ``out_dir/index.html``: one row per model (``pages``: model -> its report page), with the
-    verdict of every method, linking to the pages. Returns the index path."""
+    """Write ``out_dir/index.html``: the count of each verdict over every (model, method) pair, what the four
+    verdicts mean, and one row per model (``pages``: model -> its report page) with the verdict of every method
+    and, for each that is not PASS, what is wrong in a few words; linking to the pages. Returns the index path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, counts = [], dict.fromkeys(VERDICTS, 0)
     for name, page in pages.items():
         page = Path(page)
         summary = {}
@@ -405,22 +480,42 @@ def report_index(pages: Mapping[str, str | os.PathLike], out_dir: str | os.PathL
         except ValueError:
             desc = ""
         verdicts = summary.get("methods", {})
-        badges = "".join(f"<div>{_badge(v['verdict'])}&nbsp;{_esc(m)}</div>" for m, v in verdicts.items()) or \
-            "<span class='muted'>no reference: nothing judged</span>"
+        health = summary.get("reference_health") or {}
+        cells = []
+        for m, v in verdicts.items():
+            verdict = str(v["verdict"]).upper()
+            counts[verdict] = counts.get(verdict, 0) + 1
+            reason = v.get("reasons", "")
+            if verdict == NOT_JUDGED:  # the reference's failure is said once per model; a sampler's own mixing here
+                reason = reason[reason.index("its own chains"):] if "its own chains" in reason else ""
+            why = "" if verdict == PASS or not reason else f"<div class='muted'>{_esc(first_clause(reason))}</div>"
+            cells.append(f"<div>{_badge(verdict)}&nbsp;<b>{_esc(m)}</b>{why}</div>")
+        badges = "".join(cells) or "<span class='muted'>no reference: nothing judged</span>"
+        if health and not health.get("reliable", True):
+            ref_text = "NOT healthy: " + "; ".join(health.get("failures", []))
+        elif health:
+            ref_text = (f"healthy ({health.get('n_chains')} chains, {health.get('n_draws')} draws, max R-hat "
+                        f"{_fmt(health.get('max_rhat'))}, min ESS {_fmt(health.get('min_ess_bulk'))})")
+        else:
+            ref_text = "none"
         sens = summary.get("sensitivity", {})
         sens_text = ("prior-sensitive: " + ", ".join(sens["flagged"][:6]) + ("…" if len(sens["flagged"]) > 6 else "")
                      if sens.get("flagged") else ("none flagged" if sens else "–"))
         rows.append(f"<tr><td class='text'><a href='{_esc(link)}'><b>{_esc(name)}</b></a>"
-                    f"<div class='muted'>{_esc(desc)}</div>"
-                    f"</td><td class='text'>{badges}</td><td class='text'>{_esc(sens_text)}</td></tr>")
+                    f"<div class='muted'>{_esc(desc)}</div></td><td class='text'>{badges}</td>"
+                    f"<td class='text'>{_esc(ref_text)}</td><td class='text'>{_esc(sens_text)}</td></tr>")
     table = ("<table class='index'><thead><tr><th class='text'>model</th>"
-             "<th class='text'>methods against the MCMC reference</th>"
+             "<th class='text'>methods against the MCMC reference</th><th class='text'>the reference</th>"
              "<th class='text'>prior sensitivity</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+    total = sum(counts.values())
+    tally = ("<p class='counts'>" + f"{total} (model, method) pairs: "
+             + " ".join(f"{_badge(v)}&nbsp;{counts.get(v, 0)}&nbsp;&nbsp;" for v in VERDICTS) + "</p>")
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     body = ("<h1>bayes-zoo: every model, every method, against MCMC</h1>"
             "<p class='lead'>Each model's page compares its hand-written kernels and variational methods with a "
-            "healthy NUTS reference, quantity by quantity, and says in words which pass.</p>"
-            f"<p class='muted'>Generated {stamp}. {len(pages)} model(s).</p>" + table)
+            "healthy NUTS reference, quantity by quantity, and says in words what is wrong.</p>"
+            f"<p class='muted'>Generated {stamp}. {len(pages)} model(s).</p>" + tally + _legend()
+            + RULES_TEXT + table)
     path = out_dir / "index.html"
     _write(path, _html("bayes-zoo report", body))
     return path

@@ -33,6 +33,7 @@ import pandas as pd
 import xarray as xr
 
 KHAT_MAX = 0.7
+ARVIZ_RESERVED_DIMS = ("component",)  # dim names arviz_stats.psense_summary uses itself
 THRESHOLD = 0.05
 
 
@@ -67,26 +68,35 @@ def power_scaling_khat(log_component: np.ndarray, alphas: tuple[float, float] = 
     return out
 
 
-def _analysis_tree(tree: xr.DataTree) -> xr.DataTree:
-    """The tree with its posterior replaced by the compared quantities (summaries for mixtures)."""
-    from diagnostics.scorecard import _spec_of, compared_posterior
+def _analysis_tree(tree) -> xr.DataTree:
+    """The tree with its posterior replaced by the compared quantities (summaries for mixtures); a
+    ``ComparedView`` hands over the one it computed already."""
+    from diagnostics.view import compared_view
 
-    spec = _spec_of(tree)
-    if spec is None or spec.summaries is None:
-        return tree
-    out = tree.copy()
-    out["posterior"] = xr.DataTree(compared_posterior(tree, spec))
-    return out
+    return compared_view(tree).analysis_tree
 
 
-def sensitivity(tree: xr.DataTree, *, var_names: Sequence[str] | None = None,
+def _positional(post: xr.Dataset) -> xr.Dataset:
+    """Every non-sample dimension indexed 0, 1, ...: ArviZ labels rows by coordinate values, and float ones
+    (ssgp's curve grid) gave unreadable labels such as ``g[0.1245105123]``; positions give ``g[3]``, the
+    label the scorecard and the health record use for the same quantity."""
+    dims = [d for d in post.dims if d not in ("chain", "draw")]
+    out = post.drop_vars([d for d in dims if d in post.coords]).assign_coords(
+        {d: np.arange(post.sizes[d]) for d in dims})
+    # psense_summary stacks the prior and likelihood values along a dim it names "component": a posterior dim
+    # of that name (bpca's summaries) made it fail with "conflicting sizes for dimension 'component'"
+    return out.rename({d: f"{d}_" for d in dims if d in ARVIZ_RESERVED_DIMS})
+
+
+def sensitivity(tree, *, var_names: Sequence[str] | None = None,
                 prior_sites: Sequence[str] | None = None, likelihood_sites: Sequence[str] | None = None,
                 alphas: tuple[float, float] = (0.99, 1.01), threshold: float = THRESHOLD) -> pd.DataFrame:
     """Power-scaling sensitivity of every posterior quantity of ``tree`` (any method's fit).
 
     Parameters
     ----------
-    tree:             a DataTree from ``inference.fit`` (needs ``log_prior`` and ``log_likelihood``).
+    tree:             a DataTree from ``inference.fit`` (needs ``log_prior`` and ``log_likelihood``), or its
+                      ``ComparedView`` (the summaries of a mixture are then not recomputed).
     var_names:        posterior variables to analyse (default: all float variables).
     prior_sites:      power-scale only these prior sites (selective power-scaling); default: all.
     likelihood_sites: likewise for the likelihood.
@@ -94,7 +104,8 @@ def sensitivity(tree: xr.DataTree, *, var_names: Sequence[str] | None = None,
 
     Returns
     -------
-    DataFrame indexed by quantity with ArviZ's ``prior``, ``likelihood``, ``diagnosis`` plus
+    DataFrame indexed by quantity (labelled by position, ``g[3]``, ``b[0,1]``, as in the scorecard) with
+    ArviZ's ``prior``, ``likelihood``, ``diagnosis`` plus
     ``khat_prior``, ``khat_likelihood`` (Pareto k-hat of the power-scaling weights, the same for every
     row), ``reliable`` (both k-hats <= 0.7) and ``flag`` (the reading in words).
     ``df.attrs`` holds ``khat_prior``, ``khat_likelihood``, ``prior_sites``, ``likelihood_sites``.
@@ -103,6 +114,10 @@ def sensitivity(tree: xr.DataTree, *, var_names: Sequence[str] | None = None,
 
     import arviz_stats as azs
 
+    from diagnostics.view import ComparedView
+
+    data = _analysis_tree(tree)
+    tree = tree.tree if isinstance(tree, ComparedView) else tree
     for group in ("log_prior", "log_likelihood"):
         if group not in tree.children:
             raise ValueError(f"tree: needs a {group!r} group (trees from inference.fit have one)")
@@ -113,8 +128,9 @@ def sensitivity(tree: xr.DataTree, *, var_names: Sequence[str] | None = None,
         bad = [n for n in (names or []) if n not in known]
         if bad:
             raise ValueError(f"{arg}: {bad} not in the tree's sites {known}")
-    data = _analysis_tree(tree)
-    post = data["posterior"].to_dataset()
+    post = _positional(data["posterior"].to_dataset())
+    data = data.copy()
+    data["posterior"] = xr.DataTree(post)
     if var_names is None:
         var_names = [k for k in post.data_vars if np.issubdtype(post[k].dtype, np.floating)]
     logger = logging.getLogger("arviz_stats.psense")
@@ -127,6 +143,7 @@ def sensitivity(tree: xr.DataTree, *, var_names: Sequence[str] | None = None,
                                    round_to=12)
     finally:
         logger.setLevel(level)
+    table.index = [str(i).replace(", ", ",") for i in table.index]
     k_prior = power_scaling_khat(_component_draws(tree, "log_prior", prior_sites), alphas)
     k_lik = power_scaling_khat(_component_draws(tree, "log_likelihood", likelihood_sites), alphas)
     table["khat_prior"] = k_prior

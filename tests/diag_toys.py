@@ -18,16 +18,20 @@ Hand-made "methods" with known defects, each registered through the public route
 * ``meanfield``: the mean-field KL(q||p) optimum for a Gaussian: exact means, variances 1/Lambda_ii
   (too narrow when the posterior is correlated; sd ratio sqrt(1 - rho^2));
 * ``shifted``: the exact posterior moved by ``shift`` posterior sd (a biased approximation);
-* ``narrow``: the exact posterior with its sd times ``factor``.
+* ``narrow``: the exact posterior with its sd times ``factor``;
+* ``ar1``: an exact but slowly mixing sampler (Gaussian AR(1) chains with the exact stationary law).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+import xarray as xr
 
 import zoo
 from inference import Draws, register_method
@@ -58,7 +62,7 @@ NORMAL = zoo.ModelSpec(
     name="dq_normal", model=normal_model, simulate=normal_simulate, paper="(diagnostics test toy)",
     data_fields=(zoo.DataField("y", ("n",)),),
     hyperparameters={"mu0": zoo.Hyper(0.0, "any"), "tau0": zoo.Hyper(1.0), "sigma": zoo.Hyper(2.0)},
-    methods=("nuts", "svi", "exact", "noprior", "doubleprior", "shifted", "narrow", "exact_q", "point"),
+    methods=("nuts", "svi", "exact", "noprior", "doubleprior", "shifted", "narrow", "exact_q", "point", "ar1"),
     demo_sizes={"n": 4},
     demo_options={"nuts": {"num_warmup": 300, "num_samples": 500}, "svi": {"num_steps": 1500}},
 )
@@ -118,7 +122,7 @@ LINREG = zoo.ModelSpec(
     name="dq_linreg", model=linreg_model, simulate=linreg_simulate, paper="(diagnostics test toy)",
     data_fields=(zoo.DataField("X", ("n", 2)), zoo.DataField("y", ("n",))),
     hyperparameters={"s0": zoo.Hyper(3.0), "sigma": zoo.Hyper(1.0)},
-    methods=("nuts", "svi", "exact", "exact_q", "meanfield", "shifted", "narrow", "point"),
+    methods=("nuts", "svi", "exact", "exact_q", "meanfield", "shifted", "narrow", "point", "ar1"),
     demo_sizes={"n": 40},
     demo_options={"nuts": {"num_warmup": 300, "num_samples": 500}, "svi": {"num_steps": 1500},
                   "exact": {"num_samples": 2000, "num_chains": 2}},
@@ -234,3 +238,57 @@ def point(ctx):
     name, m, c, _ = _gaussian(ctx)
     x = m + ctx.options["shift"] * np.sqrt(np.diag(c))
     return Draws(posterior={name: np.asarray(x)[None, None]})
+
+
+_AR1_OPTS = {"num_samples": 1000, "num_chains": 2, "num_warmup": 0, "phi": 0.9, "init_sd": 0.0}
+
+
+@register_method("ar1", kind="sampler", models=_TOYS, options=_AR1_OPTS)
+def ar1(ctx):
+    """An exact but slowly mixing sampler: per chain a Gaussian AR(1) process whose stationary distribution is
+    the exact posterior, x_t = m + phi (x_{t-1} - m) + sqrt(1 - phi^2) L e_t (L L^T the posterior covariance).
+    Its ESS per draw is (1 - phi) / (1 + phi); chains start at m + init_sd L e_0 (``init_sd`` > 1:
+    overdispersed starts, for R-hat) and the first ``num_warmup`` draws are dropped."""
+    from scipy.signal import lfilter
+
+    name, m, c, event = _gaussian(ctx)
+    o = ctx.options
+    phi = float(o["phi"])
+    rng = np.random.default_rng(int(jax.random.randint(ctx.key, (), 0, 2**31 - 1)))
+    n = o["num_warmup"] + o["num_samples"]
+    chol = np.linalg.cholesky(c)
+    start = o["init_sd"] * rng.normal(size=(o["num_chains"], 1, len(m)))
+    shocks = np.sqrt(1 - phi**2) * rng.normal(size=(o["num_chains"], n, len(m)))
+    z = lfilter([1.0], [1.0, -phi], shocks, axis=1, zi=phi * start)[0]  # standardised AR(1), (chain, n, d)
+    x = (m + z @ chol.T)[:, o["num_warmup"]:]
+    return Draws(posterior={name: x.reshape((o["num_chains"], o["num_samples"]) + (event or ()))})
+
+
+def hand_tree(posterior: dict, *, model: str | None = None, method: str = "candidate", log_q=None,
+              sample_stats: dict | None = None) -> xr.DataTree:
+    """A DataTree made by hand (no ``inference.fit``): ``posterior`` name -> array (chain, draw, ...); attrs
+    ``model`` (for the registry's summaries and bounds) and ``method``; ``log_q`` (chain, draw) makes it a
+    variational tree. Unregistered methods get their kind from the structure (``diagnostics.view.method_kind``)."""
+    ds = xr.Dataset({k: (("chain", "draw") + tuple(f"{k}_dim_{i}" for i in range(np.ndim(v) - 2)), np.asarray(v))
+                     for k, v in posterior.items()})
+    groups = {"posterior": ds}
+    stats = dict(sample_stats or {})
+    if log_q is not None:
+        stats["log_q"] = np.asarray(log_q)
+    if stats:
+        groups["sample_stats"] = xr.Dataset({k: (("chain", "draw"), v) for k, v in stats.items()})
+    tree = xr.DataTree.from_dict(groups)
+    tree.attrs.update({"method": method, **({"model": model} if model else {})})
+    return tree
+
+
+@contextlib.contextmanager
+def registered(*specs: zoo.ModelSpec):
+    """The toy specs registered for the duration of the block (tests never leave them in the registry)."""
+    for spec in specs:
+        zoo.register(spec, replace=True)
+    try:
+        yield
+    finally:
+        for spec in specs:
+            zoo.unregister(spec.name)

@@ -94,7 +94,7 @@ def toys():
 def trees():
     data, _ = LINREG.default_data()
     return {
-        "reference (exact)": inference.fit("dq_linreg", data, "exact", seed=1),
+        "reference (exact)": inference.fit("dq_linreg", data, "exact", seed=1, num_samples=1000, num_chains=4),
         "nuts": inference.fit("dq_linreg", data, "nuts", seed=2, num_warmup=300, num_samples=500),
         "meanfield": inference.fit("dq_linreg", data, "meanfield", seed=3),
         "exact_q": inference.fit("dq_linreg", data, "exact_q", seed=4),
@@ -126,22 +126,31 @@ def test_the_page_says_in_words_which_methods_pass(built):
     words = page.words
     assert "Of 3 method(s) compared with the reference reference (exact)" in words
     assert "PASS exact_q" in words and "FAIL meanfield" in words
-    assert "too narrow" in words and "overconfident" in words
+    assert "too narrow: sd of beta[" in words and "overconfident" in words and "rule: sd ratio 0.8-1.25" in words
     assert "The reference is healthy" in words
+    # nuts at 2 x 500 draws: tail ESS below 400, so it is told how much longer to run
+    assert "NOT CONVERGED nuts" in words and "What to change: run about" in words
+    for verdict in ("PASS", "FAIL", "NOT CONVERGED", "NOT JUDGED"):  # the legend explains all four
+        assert verdict in words
+    assert "Two kinds of rule" in words
 
 
 def test_index_links_every_model_page(built, trees, tmp_path):
     out, linreg_page = built
     data, _ = NORMAL.default_data()
-    # NUTS of this run is the reference when none is stored; 2 x 1500 draws for bulk ESS > 400
-    normal = {"nuts": inference.fit("dq_normal", data, "nuts", seed=1, num_warmup=300, num_samples=1500),
+    # NUTS of this run is the reference when none is stored: 4 x 1000 draws for the health rule
+    normal = {"nuts": inference.fit("dq_normal", data, "nuts", seed=1, num_warmup=300, num_samples=1000,
+                                    num_chains=4),
               "shifted": inference.fit("dq_normal", data, "shifted", seed=2)}
     normal_page = diagnostics.report("dq_normal", normal, out / "dq_normal")
     index = diagnostics.report_index({"dq_linreg": linreg_page, "dq_normal": normal_page}, out)
     page = check_page(index)
     assert page.tables == [2]  # one row per model
     assert {"dq_linreg/report.html", "dq_normal/report.html"} <= set(page.links)
-    assert "FAIL shifted" in page.words
+    assert "FAIL shifted" in page.words and "mean of mu is" in page.words  # what is wrong, in a few words
+    # the four verdicts counted over the 4 (model, method) pairs, and explained
+    assert "4 (model, method) pairs: PASS 1 FAIL 2 NOT CONVERGED 1 NOT JUDGED 0" in page.words
+    assert "the MCMC reference itself failed its health check" in page.words
     check_page(normal_page)
 
 
@@ -155,8 +164,8 @@ def test_without_a_reference_nothing_is_judged(trees, tmp_path):
 def test_zoo_compare_and_demo_write_parsable_reports(tmp_path):
     from zoo.cli import app
 
-    # no stored reference: this run's NUTS is the reference, long enough for bulk ESS > 400
-    nuts = {"nuts": {"num_warmup": 300, "num_samples": 1500}}
+    # no stored reference: this run's NUTS is the reference, 4 chains x 1000 draws for the health rule
+    nuts = {"nuts": {"num_warmup": 300, "num_samples": 1000, "num_chains": 4}}
     small = {name: dataclasses.replace(spec, methods=("nuts", "meanfield", "exact_q") if name == "dq_linreg"
                                        else ("nuts", "shifted"), demo_options=nuts)
              for name, spec in (("dq_linreg", LINREG), ("dq_normal", NORMAL))}
@@ -170,7 +179,19 @@ def test_zoo_compare_and_demo_write_parsable_reports(tmp_path):
         assert index.tables == [2]
         for name in small:
             page = check_page(tmp_path / name / "report.html")
-            assert "verdict" in page.sections and "FAIL" in page.words
+            bad = "meanfield" if name == "dq_linreg" else "shifted"
+            assert "verdict" in page.sections and f"FAIL {bad}" in page.words
     finally:
         for spec in (LINREG, NORMAL):
             zoo.register(spec, replace=True)
+
+
+def test_compare_help_explains_the_four_verdicts_and_the_two_kinds_of_rule():
+    from zoo.cli import app
+
+    result = CliRunner().invoke(app, ["compare", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    for words in ("PASS", "FAIL", "NOT CONVERGED", "NOT JUDGED", "Two kinds of rule", "Samplers", "Approximations",
+                  "Bonferroni", "0.2 reference sd", "sd ratio 0.8-1.25", "k-hat <= 0.7", "1 % of their range"):
+        assert words in text, words

@@ -8,7 +8,7 @@ import numpyro
 import numpyro.distributions as dist
 import pytest
 import xarray as xr
-from diag_toys import NORMAL
+from diag_toys import LINREG, NORMAL
 
 import diagnostics
 import inference
@@ -112,6 +112,27 @@ def test_heavy_tailed_power_scaling_weights_make_the_check_unreliable(normal_dat
     table = diagnostics.sensitivity(tree)
     assert table.attrs["khat_prior"] > 0.7
     assert not table["reliable"].any() and "UNRELIABLE" in table.loc["mu", "flag"] and sensitive(table)
+
+
+def test_float_coordinates_give_readable_positional_labels(normal_data):
+    """ssgp's curve grid has float coordinates; ArviZ labelled its rows g[0.1245105123]. Rows are labelled by
+    position, as the scorecard labels the same quantities."""
+    data = LINREG.default_data()[0]
+    zoo.register(LINREG, replace=True)
+    try:
+        tree = inference.fit("dq_linreg", data, "exact", seed=1)
+        post = tree["posterior"].to_dataset()
+        dim = [d for d in post["beta"].dims if d not in ("chain", "draw")][0]
+        tree["posterior"] = xr.DataTree(post.assign_coords({dim: [0.1245105123, 0.73]}))
+        table = diagnostics.sensitivity(tree)
+        assert list(table.index) == ["beta[0]", "beta[1]"]
+        # a dim named like ArviZ's own "component" (bpca's summaries) used to make psense_summary fail
+        tree["posterior"] = xr.DataTree(post.rename({dim: "component"}))
+        assert list(diagnostics.sensitivity(tree).index) == ["beta[0]", "beta[1]"]
+        card = diagnostics.scorecard(tree, {"same": tree})
+        assert set(card["parameter"]) == set(table.index)
+    finally:
+        zoo.unregister(LINREG.name)
 
 
 def test_sensitivity_plot_is_a_png(conflict_tree, tmp_path):

@@ -175,9 +175,23 @@ def run_comparison(spec, methods: list[str], out: Path, seed: int = 0, fresh: bo
 
 
 def _write_comparison(spec, trees: dict, out: Path) -> Path:
+    """Write the model's report page (every tree's compared view is computed once inside) and print each
+    method's verdict with the first clause of its reason."""
     import diagnostics
+    from diagnostics.report import SUMMARY, first_clause
 
-    return Path(diagnostics.report(spec.name, trees, out / spec.name))
+    page = Path(diagnostics.report(spec.name, trees, out / spec.name))
+    summary = json.loads((page.parent / SUMMARY).read_text())
+    for method, v in summary.get("methods", {}).items():
+        reason = v["reasons"]
+        if v["verdict"] == "NOT JUDGED":  # the reference's failure is printed once below; a sampler's mixing here
+            reason = reason[reason.index("its own chains"):] if "its own chains" in reason else ""
+        why = f": {first_clause(reason, 200)}" if v["verdict"] != "PASS" and reason else ""
+        typer.echo(f"  {spec.name}/{method}: {v['verdict']}{why}")
+    health = summary.get("reference_health") or {}
+    if health and not health.get("reliable", True):
+        typer.echo(f"  {spec.name}: reference NOT healthy, nothing judged: {'; '.join(health['failures'])}")
+    return page
 
 
 @app.command()
@@ -188,9 +202,27 @@ def compare(
     seed: Annotated[int, typer.Option(help="Random seed for every fit.")] = 0,
     fresh: Annotated[bool, typer.Option(help="Refit even when a matching result exists in --out.")] = False,
 ) -> None:
-    """Fit several methods on the model's reference data (its default data, or the dataset of its stored NUTS
-    reference) and write the comparison (scorecard, plots,
-    HTML report) against the MCMC reference to --out/MODEL/."""
+    """Fit several methods on the data of the model's stored NUTS reference and write the comparison against
+    it (scorecard, verdicts, plots, HTML report) to --out/MODEL/.
+
+    Every method gets one of four verdicts:
+
+    * **PASS**: every compared quantity of the reference was compared and meets the method's rule.
+
+    * **FAIL**: it disagrees with the reference, or lacks some of its quantities; the reason names the
+      quantity, the number and the rule.
+
+    * **NOT CONVERGED**: a sampler whose own chains have not mixed (R-hat >= 1.01 or bulk/tail ESS < 400 on a
+      compared quantity); the reason says how much longer to run (e.g. num_samples 1000 -> 4000).
+
+    * **NOT JUDGED**: the reference fails the MCMC health rule (>= 4 chains, >= 4000 draws, R-hat < 1.01 and
+      ESS >= 400 on every compared quantity, no divergences, E-BFMI > 0.3): nothing is judged against it.
+
+    Two kinds of rule. **Samplers** (nuts, gibbs): z-tests of the mean and sd differences in combined Monte
+    Carlo standard errors, Bonferroni-corrected over the method's tests at family-wise error 0.01.
+    **Approximations** (variational methods, point estimates): mean within 0.2 reference sd, sd ratio 0.8-1.25,
+    PSIS k-hat <= 0.7. Bounded quantities (probabilities) never fail on a difference below 1 % of their range.
+    """
     _setup()
     spec = _spec(model)
     chosen = [m.strip() for m in methods.split(",") if m.strip()] or list(spec.methods)
@@ -209,7 +241,8 @@ def demo(
     fresh: Annotated[bool, typer.Option(help="Refit even when a matching result exists in --out.")] = False,
 ) -> None:
     """The main job (`make demo`): every model, every method, compared with MCMC; writes an HTML
-    report per model and an index page. Resumes an interrupted run unless --fresh."""
+    report per model and an index page counting the four verdicts (PASS, FAIL, NOT CONVERGED, NOT JUDGED;
+    see `zoo compare --help`). Resumes an interrupted run unless --fresh."""
     _setup()
     import zoo
 

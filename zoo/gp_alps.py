@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import itertools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
@@ -348,20 +349,10 @@ def switch_posterior(u, H, sigma2, F, Y, configs, theta):
     return jnp.exp(lj - logsumexp(lj))
 
 
-def summaries(posterior, data, hyper):
-    """``p_on`` (chain, draw, latent): P(b_j = 1 | u, H, sigma2, Y) per draw, whose mean is the posterior
-    inclusion probability; ``n_on``: E[sum_j b_j | .]; ``f``: E[f(t) | .] at 12 evenly spaced data points
-    per output; ``abs_H``; ``sigma2``. All invariant to the sign and duplicate-swap symmetries."""
-    import jax
-
-    post = posterior.transpose("chain", "draw", ...)
-    kw = model_inputs(data, hyper)
-    F, Y, configs, theta = (jnp.asarray(kw[k]) for k in ("F", "Y", "configs", "theta"))
-    u, H = (np.asarray(post[k].values) for k in ("u", "H"))
-    c, d_ = u.shape[:2]
-    p = Y.shape[1]
-    sig2 = np.asarray(post["sigma2"].values) if "sigma2" in post else np.full((c, d_, p), kw["sigma2"])
-    flat = lambda a: jnp.asarray(a.reshape((c * d_, *a.shape[2:])))
+@jax.jit
+def _switch_summaries(u, H, sig2, F, Y, configs, theta):
+    """(p_on, E[f | .]) for a batch of draws; module-level and jitted once, so every call with the same
+    shapes reuses the compiled function."""
 
     def one(args):
         uu, hh, ss = args
@@ -370,7 +361,22 @@ def summaries(posterior, data, hyper):
         X = jnp.einsum("jnr,jr->jn", F, uu)
         return p_on, (hh * p_on) @ X
 
-    p_on, fmean = jax.jit(lambda a: jax.lax.map(one, a, batch_size=64))((flat(u), flat(H), flat(sig2)))
+    return jax.lax.map(one, (u, H, sig2), batch_size=64)
+
+
+def summaries(posterior, data, hyper):
+    """``p_on`` (chain, draw, latent): P(b_j = 1 | u, H, sigma2, Y) per draw, whose mean is the posterior
+    inclusion probability; ``n_on``: E[sum_j b_j | .]; ``f``: E[f(t) | .] at 12 evenly spaced data points
+    per output; ``abs_H``; ``sigma2``. All invariant to the sign and duplicate-swap symmetries."""
+    post = posterior.transpose("chain", "draw", ...)
+    kw = model_inputs(data, hyper)
+    F, Y, configs, theta = (jnp.asarray(kw[k]) for k in ("F", "Y", "configs", "theta"))
+    u, H = (np.asarray(post[k].values) for k in ("u", "H"))
+    c, d_ = u.shape[:2]
+    p = Y.shape[1]
+    sig2 = np.asarray(post["sigma2"].values) if "sigma2" in post else np.full((c, d_, p), kw["sigma2"])
+    flat = lambda a: jnp.asarray(a.reshape((c * d_, *a.shape[2:])))
+    p_on, fmean = _switch_summaries(flat(u), flat(H), flat(sig2), F, Y, configs, theta)
     idx = np.linspace(0, Y.shape[0] - 1, N_SUMMARY_POINTS).round().astype(int)
     shape = (c, d_)
     out = {"p_on": (("chain", "draw", "latent"), np.asarray(p_on).reshape(*shape, -1)),
@@ -435,11 +441,15 @@ SPEC = register(ModelSpec(
     hyperparameters=HYPER, methods=("nuts", "svi", "vbem", "gibbs", "svi_concrete"),
     likelihood_sites=("Y",), observed_fields=("Y",), model_inputs=model_inputs, check=check,
     dims={"u": ["latent", "rank"], "H": ["output", "latent"], "sigma2": ["output"]},
-    coords=coords, summaries=summaries,
+    coords=coords, summaries=summaries, bounded={"p_on": (0.0, 1.0)},
     method_options={"nuts": {"target_accept_prob": 0.9}},
     demo_sizes={"setup": "square_wave", "n": 60},
-    demo_options={"nuts": {"num_warmup": 300, "num_samples": 300}, "svi": {"num_steps": 3000},
-                  "vbem": {"max_iter": 200}, "gibbs": {"num_warmup": 500, "num_samples": 1000},
+    # Exact samplers long enough for R-hat < 1.01 and ESS >= 400 on every summary (issue 16). Measured: NUTS
+    # 300/300 gave R-hat 1.038, ESS 146; 500/3000: R-hat 1.002, min ESS 1918 (29 s). Gibbs 500/1000: R-hat 1.42,
+    # ESS 4.5 on |H| of an active latent; 2000/40000: ESS 145; 2000/150000: R-hat 1.004, ESS 680 (17 s run,
+    # 17 s of summaries), so 120000 sweeps (ESS ~540).
+    demo_options={"nuts": {"num_warmup": 500, "num_samples": 3000}, "svi": {"num_steps": 3000},
+                  "vbem": {"max_iter": 200}, "gibbs": {"num_warmup": 2000, "num_samples": 120000},
                   "svi_concrete": {"num_steps": 3000}},
     reference_options={"num_warmup": 500, "num_samples": 1000, "num_chains": 2, "target_accept_prob": 0.9},
 ))

@@ -433,7 +433,11 @@ def _make_spec(name, likelihood, simulate, description, demo_sizes, reference_op
         check=check, dims=DIMS, coords=coords, summaries=summaries,
         method_options={"nuts": {"target_accept_prob": 0.95}},
         demo_sizes=demo_sizes,
-        demo_options={"nuts": {"num_warmup": 500, "num_samples": 500},
+        # NUTS 500/1500 (was 500/500: ESS 226-248, R-hat 1.012). Measured at 500/1000: ssgp_lmm R-hat 1.002, min
+        # ESS 446 (160 s, 19 divergences); ssgp_logit R-hat 1.012, tail ESS 374 (90 s), hence 1500. ssgp_probit
+        # stays NOT CONVERGED at any affordable length with the centred random effects (500/500: R-hat 1.06,
+        # ESS 23, 27 divergences: ~20x longer needed).
+        demo_options={"nuts": {"num_warmup": 500, "num_samples": 1500},
                       "svi": {"num_steps": 5000, "guide": "normal"},
                       "vb": {"max_iter": 500}},
         reference_options=reference_options or REFERENCE_NUTS,
