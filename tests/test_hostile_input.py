@@ -4,6 +4,7 @@ argument, raised before JAX traces or compiles anything (``Stopwatch.compile_eve
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -37,9 +38,15 @@ def toy():
 
 
 def small_data(name):
-    """A small valid dataset of every model (each optional field present)."""
+    """A small valid dataset of every model (each optional field present); a fresh copy on every call."""
+    return {k: v.copy() for k, v in _small_data(name).items()}
+
+
+@functools.cache
+def _small_data(name):
     spec = zoo.get(name)
-    sizes = {"hlcr": dict(n_agents=4, mean_entities=2.0, mean_events=4.0), "bpca": dict(N=30, D=5, M=2, scales=(2.0, 1.0), num_nodes=3),
+    sizes = {"hlcr": dict(n_agents=4, mean_entities=2.0, mean_events=4.0),
+             "bpca": dict(N=30, D=5, M=2, scales=(2.0, 1.0), num_nodes=3),
              "mppca": dict(N=40, N_test=2), "ppca": dict(N=30, N_test=2), "gp_alps": dict(n=20)}
     sizes.update({s: dict(n_groups=4, per_group=5) for s in ("ssgp_lmm", "ssgp_logit", "ssgp_probit")})
     data, _ = spec.simulate(0, **sizes[name])
