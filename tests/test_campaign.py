@@ -77,18 +77,17 @@ def _outcome(call):
 # A -------------------------------------------------------------------------------------------------
 
 def campaign_invalid():
-    from test_properties import DATA_CASES, HYPER_CASES, OPTION_CASES
-
     from test_hostile_input import small_data
+    from test_properties import DATA_CASES, HYPER_CASES, OPTION_CASES
 
     findings, n = [], 0
 
-    def probe(label, call, name):
+    def probe(label, name, model, data, method, seed=0, **options):
         nonlocal n
         n += 1
         with Stopwatch() as sw:
             try:
-                call()
+                inference.fit(model, data, method, seed=seed, **options)
                 findings.append((label, "accepted"))
                 return
             except ValueError as exc:
@@ -101,22 +100,22 @@ def campaign_invalid():
 
     for model, key, value in HYPER_CASES:
         for method in zoo.get(model).methods:
-            probe(f"{model}/{method} {key}={value!r}", lambda: inference.fit(
-                model, small_data(model), method, seed=0, **{**_opts(model, method), key: value}), key)
+            probe(f"{model}/{method} {key}={value!r}", key, model, small_data(model), method,
+                  **{**_opts(model, method), key: value})
     for model, method, key, value in OPTION_CASES:
-        probe(f"{model}/{method} {key}={value!r}", lambda: inference.fit(
-            model, small_data(model), method, seed=0, **{**_opts(model, method), key: value}), key)
+        probe(f"{model}/{method} {key}={value!r}", key, model, small_data(model), method,
+              **{**_opts(model, method), key: value})
     rng = np.random.default_rng(0)
     for model, field, label, mutate in DATA_CASES:
         for method in zoo.get(model).methods:
             data = small_data(model)
             data[field] = mutate(data[field], rng)
-            probe(f"{model}/{method} data[{field!r}] {label}",
-                  lambda: inference.fit(model, data, method, seed=0, **_opts(model, method)), f"'{field}'")
+            probe(f"{model}/{method} data[{field!r}] {label}", f"'{field}'", model, data, method,
+                  **_opts(model, method))
     for seed in (-1, 2**63, 2**64, 1.0, "1", True, None, np.float32(1)):
         for model, method in _pairs():
-            probe(f"{model}/{method} seed={seed!r}",
-                  lambda: inference.fit(model, small_data(model), method, seed=seed, **_opts(model, method)), "seed")
+            probe(f"{model}/{method} seed={seed!r}", "seed", model, small_data(model), method, seed=seed,
+                  **_opts(model, method))
     return n, findings
 
 
@@ -186,16 +185,16 @@ def _extreme_variants(model, data):
             yield f"data[{f.name!r}] x {scale:g}", d
 
 
+def _fit_row(model, method, label, data, **options):
+    kind, detail = _outcome(lambda: inference.fit(model, data, method, seed=0, progress=False, **options))
+    return model, method, label, kind, detail
+
+
 def campaign_extremes():
     from test_hostile_input import small_data
 
-    rows = []
-    for model, method in _pairs():
-        for label, d in _extreme_variants(model, small_data(model)):
-            kind, detail = _outcome(lambda: inference.fit(model, d, method, seed=0, progress=False,
-                                                          **_opts(model, method)))
-            rows.append((model, method, label, kind, detail))
-    return rows
+    return [_fit_row(model, method, label, d, **_opts(model, method))
+            for model, method in _pairs() for label, d in _extreme_variants(model, small_data(model))]
 
 
 @pytest.mark.timeout(7200)
@@ -208,16 +207,10 @@ def test_campaign_extreme_data_gives_an_error_of_ours_or_a_finite_tree():
 # D -------------------------------------------------------------------------------------------------
 
 def campaign_defaults():
-    rows = []
     from test_hostile_input import ALL_MODELS
 
-    for model in ALL_MODELS:
-        data, _ = zoo.get(model).simulate(0)
-        for method in ("nuts", "svi"):
-            kind, detail = _outcome(lambda: inference.fit(model, data, method, seed=0, progress=False,
-                                                          **TINY[method]))
-            rows.append((model, method, "defaults on simulate(0)", kind, detail))
-    return rows
+    return [_fit_row(model, method, "defaults on simulate(0)", zoo.get(model).simulate(0)[0], **TINY[method])
+            for model in ALL_MODELS for method in ("nuts", "svi")]
 
 
 @pytest.mark.timeout(3600)

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 import inference
 import zoo
-from inference import Draws, register_method
+from inference import register_method
 from inference._timing import Stopwatch
 from zoo.cli import app
 
@@ -152,7 +152,7 @@ def test_04_load_detects_overwritten_bytes_and_rejects_truncated_empty_and_text_
     path.write_bytes(good[:middle] + garbage + good[middle + 2000:])
     with pytest.raises(ValueError, match="corrupted"):
         inference.load(path)
-    for content, what in ((good[: len(good) // 3], "truncated"), (b"", "empty"), (b"hello\n" * 50, "text")):
+    for content in (good[: len(good) // 3], b"", b"hello\n" * 50):   # truncated, empty, text
         path.write_bytes(content)
         with pytest.raises(ValueError, match=r"path: .*(not a readable tree|corrupted)"):
             inference.load(path)
@@ -366,8 +366,8 @@ HYPER_HOLES = [
 ]
 
 
-@pytest.mark.parametrize("name,method,options,match", HYPER_HOLES, ids=[f"{c[0]}-{next(iter(c[2]))}-{c[2][next(iter(c[2]))]!r}"
-                                                                         for c in HYPER_HOLES])
+@pytest.mark.parametrize("name,method,options,match", HYPER_HOLES,
+                         ids=[f"{m}-{k}={v!r}" for m, _, opts, _ in HYPER_HOLES for k, v in opts.items()])
 def test_11_hyperparameter_and_option_type_holes_are_rejected_before_compiling(name, method, options, match):
     rejected(name, small_data(name), method, match, **options)
 

@@ -96,7 +96,8 @@ def syn1_fits():
     out = []
     for seed in range(5):
         data, truth = mppca.simulate(seed, N=1000)
-        tree = inference.fit("mppca", data, "vbem", seed=seed, K=10, q=8, tau_fixed=1.0, n_init=3, num_samples=10, prior="paper",
+        tree = inference.fit("mppca", data, "vbem", seed=seed, K=10, q=8, tau_fixed=1.0, n_init=3, num_samples=10,
+                             prior="paper",
                              max_iter=1500, tol=1e-8)
         out.append((tree["variational"].to_dataset(), truth))
     return out

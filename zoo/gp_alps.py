@@ -412,13 +412,15 @@ PAPER = ("P. Berkovich, E. Perim, W. Bruinsma, GP-ALPS: Automatic Latent Process
 HYPER = {
     "kernels": Hyper("square_wave", "any", "latent kernels: a preset ('square_wave', 'periodic_mixture', "
                      "'additive_rbf') or a list of kernel dicts (module docstring)"),
-    "theta": Hyper(0.5, "open_unit_interval[]", "prior switch probability theta_j (scalar or one per latent; notes E7: 0.5)"),
+    "theta": Hyper(0.5, "open_unit_interval[]", "prior switch probability theta_j (scalar or one per latent; "
+                                                "notes E7: 0.5)"),
     "s": Hyper(1.0, "positive", "prior variance of every H_ij (notes E6: 1)"),
     "sigma2": Hyper(None, "positive|None", "noise variance: None = one per output with an InvGamma(a0, b0) prior, or "
                     "a fixed positive number"),
     "a0": Hyper(2.0, "positive", "InvGamma shape of sigma2 (notes §2.5 sketch A)"),
     "b0": Hyper(0.1, "positive", "InvGamma scale of sigma2"),
-    "rank_tol": Hyper(1e-9, "open_unit_interval", "eigenvalues below rank_tol x max are dropped from full-rank kernels"),
+    "rank_tol": Hyper(1e-9, "open_unit_interval", "eigenvalues below rank_tol x max are dropped from full-rank "
+                                                  "kernels"),
 }
 
 SPEC = register(ModelSpec(

@@ -18,8 +18,9 @@ The NumPyro model marginalises z and x: y_n ~ sum_k omega_k N(mu_k, C_k), C_k = 
 
 Data contract: ``Y`` (N, d) finite floats, d >= 2. Hyperparameters: ``K`` (K_init), ``q`` (None = d - 1),
 the priors above (``prior="weak"``, the default: alpha0 = a0 = b0 = a_tau = b_tau = 1, nu0 = 0.01, which NUTS
-and SVI can sample; ``prior="paper"``: the notes' [VBmix] values, 1e-3 everywhere, see ``PRIORS``), ``mu0`` (None = the data mean for every component;
-the paper scatters mu0_k in the data box, which only matters as an initialisation, N2.4).
+and SVI can sample; ``prior="paper"``: the notes' [VBmix] values, 1e-3 everywhere, see ``PRIORS``), ``mu0``
+(None = the data mean for every component; the paper scatters mu0_k in the data box, which only matters as an
+initialisation, N2.4).
 
 Simulators (N5.1): ``simulate`` = SYN1 (4 well-separated 2-D Gaussian blobs embedded in 9-D by the VBmix
 transform T, plus N(0, noise^2 I) noise; with noise = 1 = tau^-1 this is exactly an MPPCA with q = 2);

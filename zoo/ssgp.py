@@ -28,7 +28,8 @@ funnels (notes §2.7); the model is the same distribution as the centred one.
 Data contract: ``X`` (n, d) inputs, ``y`` (n,) responses (0/1 for the binary models), optional ``group``
 (n,) group labels (integers or strings, numbered 0..J-1 in sorted order by ``group_codes``; random intercepts,
 and random slopes on the columns named by the hyperparameter ``random_slopes``), optional ``A`` (n, s) an
-explicit design matrix with N(0, var_beta) coefficients. Without ``group`` and ``A`` the model is a plain SSGP regression/classifier with intercept.
+explicit design matrix with N(0, var_beta) coefficients. Without ``group`` and ``A`` the model is a plain SSGP
+regression/classifier with intercept.
 
 Symmetry: (lam, sin-weights) -> (-lam, -sin-weights) leaves the model unchanged (notes §2.1, E17), so
 posteriors are compared in function space: ``summaries`` reports the population curve
@@ -443,7 +444,8 @@ def _fields(binary):
     return (
         DataField("X", ("n", "d"), doc="inputs (rescaled to [0, 1] per column inside the model)"),
         DataField("y", ("n",), kind="binary" if binary else "float", doc="0/1 responses" if binary else "responses"),
-        DataField("group", ("n",), kind="index", optional=True, doc="group label of each observation (integers or strings)"),
+        DataField("group", ("n",), kind="index", optional=True,
+                  doc="group label of each observation (integers or strings)"),
         DataField("A", ("n", "s"), optional=True, doc="explicit design matrix with N(0, var_beta) coefficients"),
     )
 
