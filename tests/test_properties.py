@@ -34,9 +34,9 @@ import zoo
 from inference._methods import OPTION_CONSTRAINTS, get_method
 from inference._timing import Stopwatch
 
-FAST = settings(max_examples=300, deadline=None, derandomize=True,
+FAST = settings(max_examples=300, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-FITS = settings(max_examples=3, deadline=None, derandomize=True,
+FITS = settings(max_examples=3, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 # Values that violate each constraint word, chosen by hand (the oracle): lists for scalars, bools and
