@@ -52,7 +52,8 @@ spec = zoo.get("hlcr")
 # flat arrays: `X` (events × F), `y`, `agent`, `entity`; events of a pair need not be contiguous.
 
 # %%
-data, truth = spec.default_data()
+_, truth = spec.default_data()                 # the generating labels and weights
+data, _ = references.reference_data("hlcr")     # the exact arrays stored with the NUTS reference (any CPU)
 print({k: v.shape for k, v in data.items()}, "pairs:", len(truth["z"]), "true cluster sizes:",
       np.bincount(truth["z"]))
 

@@ -91,7 +91,7 @@ plt.show()
 # $C_k = \Lambda_k\Lambda_k^\top + \tau^{-1}I$, which do not depend on the rotation of $\Lambda_k$.
 
 # %%
-small, _ = mppca.reference_datasets()["t11"]
+small, _ = references.reference_data("mppca", "t11")   # the arrays stored with the NUTS reference
 opts = dict(mppca.T11_NUTS)
 hyper = {k: opts.pop(k) for k in list(opts) if k in ("K", "q", "alpha0", "a0", "b0", "nu0", "tau_fixed")}
 ref = inference.fit("mppca", small, "nuts", seed=0, **opts, **hyper) if RUN_NUTS else \

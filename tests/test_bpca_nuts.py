@@ -14,18 +14,13 @@ import pytest
 import diagnostics
 import inference
 from diagnostics import references
-from zoo import bpca
 from zoo.bpca import subspace_angle
 
 
 @pytest.fixture(scope="module")
 def demo():
-    data, _ = bpca.SPEC.default_data()
-    ref = references.load("bpca", data)
-    if ref is None:
-        pytest.fail("stored NUTS reference zoo/references/bpca__default.nc is missing or stale: run "
-                    "`make references` (zoo references bpca)")
-    return data, ref
+    data, _ = references.reference_data("bpca")  # the stored arrays, not a re-simulation (portable)
+    return data, references.load("bpca", data)
 
 
 @pytest.fixture(scope="module")

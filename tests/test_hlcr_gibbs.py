@@ -267,10 +267,9 @@ def test_gibbs_agrees_with_stored_nuts_reference_on_demo_data():
     sd < 0.01 probability units: co-clustering of pairs that are certainly together/apart, sd 1e-40 ..
     4e-3, whose rare excursions make the sd ratio a tail statistic: 0.69 for a mean 0.999, sd 0.0038
     entry) are compared in absolute probability instead (< 0.01)."""
-    spec = zoo.get("hlcr")
-    data, _ = spec.default_data()
+    data, _ = references.reference_data("hlcr")
     ref = references.load("hlcr", data)
-    assert ref is not None and ref.attrs["reliable"] == 1
+    assert ref.attrs["reliable"] == 1
     tree = fit("hlcr", data, "gibbs", seed=1, num_warmup=200, num_samples=1000, num_chains=2)
     card = scorecard(ref, {"gibbs": tree})
     live = card["sd_ref"] > 0.01

@@ -161,17 +161,15 @@ def fit(
                f"{tree.attrs['run_seconds']:.1f} s -> {path}")
 
 
-def _comparison_data(spec) -> tuple[dict, str]:
-    """(data, reference tag) for ``zoo compare``/``zoo demo``: the model's default data, unless its stored
-    references were made on other datasets only (e.g. mppca's T11 problem): then the first of those, so that
-    every comparison is scored against a stored, healthy NUTS run instead of a short one."""
-    from diagnostics.references import reference_path
+def _comparison_data(spec) -> tuple[dict, str | None]:
+    """(data, reference tag) for ``zoo compare``/``zoo demo``: the exact arrays stored with the model's reference
+    (``default``, else its first stored tag, e.g. mppca's ``t11``), so that every comparison is scored against a
+    stored, healthy NUTS run on any CPU; a model without a stored reference fits its simulator's default data."""
+    from diagnostics import references
 
-    if spec.reference_datasets is not None and not reference_path(spec.name, "default").is_file():
-        for tag, (data, _) in spec.reference_datasets().items():
-            if reference_path(spec.name, tag).is_file():
-                return data, tag
-    return spec.default_data()[0], "default"
+    if references.stored_tags(spec.name):
+        return references.reference_data(spec.name)
+    return spec.default_data()[0], None
 
 
 def run_comparison(spec, methods: list[str], out: Path, seed: int = 0, fresh: bool = False,
@@ -203,7 +201,7 @@ def run_comparison(spec, methods: list[str], out: Path, seed: int = 0, fresh: bo
         trees[method] = tree
         typer.echo(f"  [{i}/{len(methods)}] {spec.name}/{method}: {time.time() - t0:.1f} s "
                    f"(compile {tree.attrs['compile_seconds']:.1f} s) -> {path}")
-    reference = diagnostics.references.load(spec.name, data, tag=tag)
+    reference = diagnostics.references.load(spec.name, data, tag=tag) if tag is not None else None
     if reference is not None:
         trees = {"reference (stored NUTS)": reference, **trees}
     return trees

@@ -1,0 +1,160 @@
+"""MCMC health: is a run long and well-mixed enough to stand in for the true posterior?
+
+One rule, used for the stored references (``make references`` refuses to store a run that fails it),
+for a reference a user makes on their own data, and by the scorecard (a reference that fails it judges
+nothing). It is posteriordb's reference standard (``doc/REFERENCE_POSTERIOR_DEFINITION.md``), made
+stricter where posteriordb's is loose (notes/posterior_quality.md section 1.1):
+
+* at least ``MIN_CHAINS`` (4) chains and ``MIN_DRAWS`` (4000) stored draws;
+* rank-normalised split R-hat (Vehtari et al. 2021) below ``RHAT_MAX`` (1.01), and bulk and tail ESS at
+  least ``ESS_MIN`` (400), on **every scalar component of every compared quantity** (the label-invariant
+  summaries for mixtures, ``diagnostics.scorecard.compared_posterior``);
+* no divergent transition, and E-BFMI above ``EBFMI_MIN`` (0.3) in every chain (Betancourt 2016), for
+  runs that record them (NUTS does; Gibbs kernels have neither).
+
+Quantities that do not vary at all across the run (a parameter the model holds fixed) have no R-hat or
+ESS; they are listed under ``constant`` instead of failing. The record names every quantity that fails
+and why, so ``make references`` and the report can say what to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import xarray as xr
+
+SAMPLE_DIMS = ("chain", "draw")
+
+
+@dataclass(frozen=True)
+class HealthRule:
+    """Thresholds of the health rule (defaults: the stored-reference standard of the module docstring)."""
+
+    min_chains: int = 4
+    min_draws: int = 4000
+    rhat_max: float = 1.01
+    ess_min: float = 400.0
+    ebfmi_min: float = 0.3
+
+
+REFERENCE_RULE = HealthRule()
+
+
+def component_labels(name: str, shape: tuple[int, ...]) -> list[str]:
+    """``name[i,j]`` labels of every scalar component of a variable with non-sample ``shape``, in C order
+    (the labels the scorecard uses)."""
+    if not shape:
+        return [name]
+    return [f"{name}[{','.join(map(str, idx))}]" for idx in np.ndindex(*shape)]
+
+
+def per_component(stat: xr.Dataset, names) -> dict[str, float]:
+    """label -> value for every scalar component of ``stat`` (a dataset of per-variable statistics without
+    sample dims, as ArviZ's ``rhat``/``ess`` return)."""
+    out = {}
+    for name in names:
+        values = np.asarray(stat[name].values, dtype=float)
+        out.update(zip(component_labels(name, values.shape), values.ravel().tolist(), strict=True))
+    return out
+
+
+def _varying(ds: xr.Dataset) -> tuple[list[str], list[str]]:
+    """(float variables with some spread, labels of components that are exactly constant)."""
+    names, constant = [], []
+    for name, da in ds.data_vars.items():
+        if not np.issubdtype(da.dtype, np.floating):
+            continue
+        values = np.asarray(da.transpose(*SAMPLE_DIMS, ...).values, dtype=float)
+        flat = values.reshape(values.shape[0] * values.shape[1], -1)
+        still = np.ptp(flat, axis=0) == 0
+        labels = component_labels(name, values.shape[2:])
+        constant += [lab for lab, s in zip(labels, still, strict=True) if s]
+        if not still.all():
+            names.append(name)
+    return names, constant
+
+
+def ebfmi(tree: xr.DataTree) -> np.ndarray | None:
+    """E-BFMI per chain from ``sample_stats.energy`` (None when the run records no energy)."""
+    if "sample_stats" not in tree.children or "energy" not in tree["sample_stats"]:
+        return None
+    import arviz_stats as azs
+
+    return np.asarray(azs.bfmi(tree)["energy"].values, dtype=float).ravel()
+
+
+def mcmc_health(tree: xr.DataTree, ds: xr.Dataset | None = None, *,
+                rule: HealthRule = REFERENCE_RULE) -> dict:
+    """The health record of an MCMC run (module docstring), as a JSON-serialisable dict.
+
+    ``ds``: the compared quantities (default: ``compared_posterior(tree)``). Keys: ``n_chains``,
+    ``n_draws``, ``max_rhat`` / ``worst_rhat``, ``min_ess_bulk`` / ``worst_ess_bulk``, ``min_ess_tail`` /
+    ``worst_ess_tail`` (value and quantity), ``divergences``, ``min_ebfmi`` (NaN when not recorded),
+    ``n_quantities``, ``constant`` (components left out), ``failures`` (one sentence per failed check,
+    naming the quantity) and ``reliable`` (no failure).
+    """
+    import arviz_stats as azs
+
+    if ds is None:
+        from diagnostics.scorecard import compared_posterior
+
+        ds = compared_posterior(tree)
+    n_chains, n_draws = int(ds.sizes["chain"]), int(ds.sizes["chain"] * ds.sizes["draw"])
+    names, constant = _varying(ds)
+    sub = xr.DataTree.from_dict({"posterior": ds[names]})
+    rhat = per_component(azs.rhat(sub), names) if names and ds.sizes["draw"] >= 4 else {}
+    bulk = per_component(azs.ess(sub, method="bulk"), names) if names else {}
+    tail = per_component(azs.ess(sub, method="tail"), names) if names else {}
+    for lab in constant:
+        for table in (rhat, bulk, tail):
+            table.pop(lab, None)
+
+    def worst(table: Mapping[str, float], largest: bool) -> tuple[float, str | None]:
+        finite = {k: v for k, v in table.items() if np.isfinite(v)}
+        if len(finite) < len(table):  # NaN R-hat/ESS (e.g. a chain stuck at one value) counts as the worst
+            bad = next(k for k, v in table.items() if not np.isfinite(v))
+            return (float("inf") if largest else 0.0), bad
+        if not finite:
+            return float("nan"), None
+        k = max(finite, key=finite.get) if largest else min(finite, key=finite.get)
+        return float(finite[k]), k
+
+    max_rhat, worst_rhat = worst(rhat, True)
+    min_bulk, worst_bulk = worst(bulk, False)
+    min_tail, worst_tail = worst(tail, False)
+    divergences = 0
+    if "sample_stats" in tree.children and "diverging" in tree["sample_stats"]:
+        divergences = int(np.asarray(tree["sample_stats"]["diverging"].values).sum())
+    bfmi = ebfmi(tree)
+    min_bfmi = float(np.min(bfmi)) if bfmi is not None and bfmi.size else float("nan")
+
+    failures = []
+    if n_chains < rule.min_chains:
+        failures.append(f"{n_chains} chains (need at least {rule.min_chains})")
+    if n_draws < rule.min_draws:
+        failures.append(f"{n_draws} stored draws (need at least {rule.min_draws})")
+    if not max_rhat < rule.rhat_max:
+        n_bad = sum(1 for v in rhat.values() if not v < rule.rhat_max)
+        failures.append(f"R-hat {max_rhat:.3f} on {worst_rhat} (need < {rule.rhat_max}; {n_bad} quantities fail)")
+    for kind, value, label, table in (("bulk", min_bulk, worst_bulk, bulk), ("tail", min_tail, worst_tail, tail)):
+        if not value >= rule.ess_min:
+            n_bad = sum(1 for v in table.values() if not v >= rule.ess_min)
+            failures.append(f"{kind} ESS {value:.0f} on {label} (need >= {rule.ess_min:.0f}; {n_bad} quantities "
+                            f"fail)")
+    if divergences:
+        failures.append(f"{divergences} divergent transitions (need 0)")
+    if np.isfinite(min_bfmi) and not min_bfmi > rule.ebfmi_min:
+        failures.append(f"E-BFMI {min_bfmi:.2f} in some chain (need > {rule.ebfmi_min})")
+    return {
+        "n_chains": n_chains, "n_draws": n_draws,
+        "max_rhat": max_rhat, "worst_rhat": worst_rhat,
+        "min_ess_bulk": min_bulk, "worst_ess_bulk": worst_bulk,
+        "min_ess_tail": min_tail, "worst_ess_tail": worst_tail,
+        "divergences": divergences, "min_ebfmi": min_bfmi,
+        "n_quantities": len(rhat) or len(bulk), "constant": constant,
+        "rule": {"min_chains": rule.min_chains, "min_draws": rule.min_draws, "rhat_max": rule.rhat_max,
+                 "ess_min": rule.ess_min, "ebfmi_min": rule.ebfmi_min},
+        "failures": failures, "reliable": not failures,
+    }
