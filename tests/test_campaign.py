@@ -50,6 +50,7 @@ TINY = {  # short runs: the campaign is about what happens, not about posterior 
 MODEL_TINY = {"mppca": dict(K=2, q=1), "bpca": dict(M=2), "ssgp_lmm": dict(m=4), "ssgp_logit": dict(m=4),
               "ssgp_probit": dict(m=4)}
 ALLOWED = (ValueError, inference.NonFiniteError)
+VERBOSE = __name__ == "__main__"   # as a script: print every outcome as it comes
 
 
 def _pairs():
@@ -187,6 +188,8 @@ def _extreme_variants(model, data):
 
 def _fit_row(model, method, label, data, **options):
     kind, detail = _outcome(lambda: inference.fit(model, data, method, seed=0, progress=False, **options))
+    if VERBOSE:
+        print("   ", model, method, label, kind, detail[:120], sep=" | ", flush=True)
     return model, method, label, kind, detail
 
 
