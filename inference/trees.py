@@ -188,6 +188,7 @@ def build_tree(spec: ModelSpec, data: Mapping[str, np.ndarray], hyper: Mapping[s
     model_sites = {k: v for k, v in posterior.items() if k in trace}
     log_prior, log_lik = log_densities(spec, model_kwargs, model_sites)
     check_finite("log_likelihood", log_lik, method)
+    check_finite("log_prior", log_prior, method)
 
     coords = dict(spec.coords(dict(data), dict(hyper)) if spec.coords else {})
     coords.update(draws.coords)

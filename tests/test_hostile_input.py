@@ -427,3 +427,17 @@ def test_13_cli_names_the_rejected_hyperparameter(tmp_path):
     result = runner.invoke(app, ["fit", "mppca", "-m", "vbem", "--set", "q=1.5", "--out", str(tmp_path / "x.nc")])
     assert result.exit_code == 2
     assert "q: expected a positive integer or None, got 1.5" in " ".join(result.output.split()).replace("│", "")
+
+
+# Second campaign (tests/test_campaign.py) ----------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["vbem", "gibbs"])
+def test_campaign_gp_alps_huge_outputs_are_a_non_finite_error_not_a_tree_with_infinite_log_prior(method):
+    # Y x 1e150: the fit returned finite draws of sigma2 ~ 1e300 whose InvGamma log prior is -inf, so the tree
+    # carried a non-finite log_prior (found by the campaign; build_tree checked only posterior and likelihood)
+    data = small_data("gp_alps")
+    data["Y"] = data["Y"] * 1e150
+    with pytest.raises(inference.NonFiniteError, match="log_prior variable 'sigma2'"):
+        inference.fit("gp_alps", data, method, seed=0, progress=False,
+                      **({"max_iter": 5, "num_samples": 10} if method == "vbem" else
+                         {"num_warmup": 5, "num_samples": 10, "num_chains": 1}))
