@@ -18,10 +18,12 @@ A finding is any other exception type, a compile before a ValueError (A), or dif
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -53,10 +55,16 @@ ALLOWED = (ValueError, inference.NonFiniteError)
 VERBOSE = __name__ == "__main__"   # as a script: print every outcome as it comes
 
 
-def _pairs():
+def _models():
+    """Every model, or those named in $CAMPAIGN_MODELS (comma-separated) to rerun a part."""
     from test_hostile_input import ALL_MODELS
 
-    return [(m, meth) for m in ALL_MODELS for meth in zoo.get(m).methods]
+    chosen = [m for m in os.environ.get("CAMPAIGN_MODELS", "").split(",") if m]
+    return [m for m in ALL_MODELS if not chosen or m in chosen]
+
+
+def _pairs():
+    return [(m, meth) for m in _models() for meth in zoo.get(m).methods]
 
 
 def _opts(model, method):
@@ -188,6 +196,7 @@ def _extreme_variants(model, data):
 
 def _fit_row(model, method, label, data, **options):
     kind, detail = _outcome(lambda: inference.fit(model, data, method, seed=0, progress=False, **options))
+    jax.clear_caches()  # hundreds of compiled kernels in one process exhaust the JIT's memory maps otherwise
     if VERBOSE:
         print("   ", model, method, label, kind, detail[:120], sep=" | ", flush=True)
     return model, method, label, kind, detail
@@ -210,10 +219,8 @@ def test_campaign_extreme_data_gives_an_error_of_ours_or_a_finite_tree():
 # D -------------------------------------------------------------------------------------------------
 
 def campaign_defaults():
-    from test_hostile_input import ALL_MODELS
-
     return [_fit_row(model, method, "defaults on simulate(0)", zoo.get(model).simulate(0)[0], **TINY[method])
-            for model in ALL_MODELS for method in ("nuts", "svi")]
+            for model in _models() for method in ("nuts", "svi")]
 
 
 @pytest.mark.timeout(3600)

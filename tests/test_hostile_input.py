@@ -441,3 +441,14 @@ def test_campaign_gp_alps_huge_outputs_are_a_non_finite_error_not_a_tree_with_in
         inference.fit("gp_alps", data, method, seed=0, progress=False,
                       **({"max_iter": 5, "num_samples": 10} if method == "vbem" else
                          {"num_warmup": 5, "num_samples": 10, "num_chains": 1}))
+
+
+def test_campaign_gp_alps_periodic_inputs_beyond_float64_phase_resolution_are_rejected():
+    # t[0] = 1e300 with the square-wave (linear-periodic) kernels: cos(2 pi t / T) of a number whose float64
+    # spacing is 1e284 periods is noise, yet the fit returned a finite tree (found by the campaign)
+    data = small_data("gp_alps")
+    data["t"][0, 0] = 1e300
+    rejected("gp_alps", data, "vbem", r"data\['t'\]: inputs reach 5e\+298 periods of kernels\[0\]")
+    data["t"][0, 0] = 1.7e9          # seconds since the epoch with a 20 s period: 8.5e7 periods, fine
+    spec = zoo.get("gp_alps")
+    spec.check(zoo.validate_data(spec, data), zoo.validate_hyper(spec, {}))

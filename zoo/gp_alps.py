@@ -57,6 +57,7 @@ from jax.scipy.special import logsumexp
 from zoo._registry import DataField, Hyper, ModelSpec, register
 
 MAX_ENUMERATED = 14
+MAX_PERIODS = 1e9  # |t| / period beyond which float64 spacing of t exceeds ~1e-6 of a period (check)
 F_SQ = 0.05  # square-wave frequency of paper §4.1 (Hz)
 MIXTURE_PERIODS = (3.0, 7.0, 7.0, 11.0, 13.0, 17.0, 19.0, 23.0, 23.0)
 N_SUMMARY_POINTS = 12
@@ -395,6 +396,14 @@ def check(data, hyper):
     if m > MAX_ENUMERATED:
         raise ValueError(f"kernels: {m} latent processes; the model sums the 2^m switch patterns out "
                          f"explicitly, which is limited to m <= {MAX_ENUMERATED}")
+    for j, k in enumerate(kernels):
+        if k["kind"] in ("linper", "periodic"):
+            reach = float(np.max(np.abs(_inputs_of(t, k)))) / k["period"]
+            if reach > MAX_PERIODS:
+                raise ValueError(f"data['t']: inputs reach {reach:.3g} periods of kernels[{j}] (period "
+                                 f"{k['period']:g}); beyond {MAX_PERIODS:g} periods float64 cannot resolve the phase "
+                                 f"(its spacing exceeds 1e-6 of a period) and the kernel would be noise. Shift or "
+                                 f"rescale t")
     th = np.asarray(hyper["theta"], dtype=np.float64)
     if th.ndim > 1 or (th.ndim == 1 and th.shape[0] != m):
         raise ValueError(f"theta: expected a probability in (0, 1) or one per latent ({m}), got {hyper['theta']!r}")
