@@ -45,7 +45,7 @@ def main(h) -> None:
              (f"synthetic d = 50 (N = {n_syn}, K_init = 10, q = 10)", ysyn, ysyn_test, 10, 10)]
     rows = []
     for title, Y, Yt, K, q in cases:
-        hyper = {**zoo.get("mppca").default_hyper, "K": K, "q": q}
+        hyper = {**zoo.get("mppca").default_hyper, **mppca.PAPER_PRIORS, "K": K, "q": q}
         out = {}
 
         def vb(Y=Y, hyper=hyper, out=out):
@@ -93,7 +93,7 @@ def merge_bench(h) -> None:
     data, truth = mppca.simulate(0, N=200 * M)
     Y, z = data["Y"], truth["labels"]
     models = [_oracle(Y[i::M], z[i::M]) for i in range(M)]
-    hyper = {**zoo.get("mppca").default_hyper, "K": 10, "q": 8, "tau_fixed": 1.0}
+    hyper = {**zoo.get("mppca").default_hyper, **mppca.PAPER_PRIORS, "K": 10, "q": 8, "tau_fixed": 1.0}
     out = {}
 
     def merge():

@@ -21,8 +21,13 @@ from zoo._validation import check_value
 
 MethodKind = Literal["sampler", "variational", "point"]
 
-# Options shared by every method where they apply (DEVELOPERS: one name per concept).
-SHARED_OPTION_CONSTRAINTS: dict[str, str] = {
+# The constraint of every option name, one meaning per name across methods (DEVELOPERS: one name per
+# concept). Checked by ``resolve_options`` for every method (built-in or registered later) before the
+# method's own ``check`` (ranges, choices); names a method registers that are not listed here are not
+# type-checked. Constraint words as for ``zoo.Hyper`` (``zoo._registry.Constraint``); ``|None`` where
+# None is a meaningful value, never otherwise.
+OPTION_CONSTRAINTS: dict[str, str] = {
+    # loops and draws
     "num_warmup": "nonnegative_int",
     "num_samples": "positive_int",
     "num_chains": "positive_int",
@@ -32,6 +37,53 @@ SHARED_OPTION_CONSTRAINTS: dict[str, str] = {
     "learning_rate": "positive",
     "num_particles": "positive_int",
     "thinning": "positive_int",
+    "num_restarts": "positive_int",
+    "n_init": "positive_int",
+    "warm_start": "nonnegative_int",
+    "chunk": "positive_int",
+    "chunk_size": "positive_int|None",
+    "kl_inner": "positive_int",
+    "progress": "bool|None",
+    # samplers
+    "dense_mass": "bool",
+    "target_accept_prob": "open_unit_interval",
+    "max_tree_depth": "positive_int",
+    "collapsed": "bool",
+    "swap": "bool",
+    "z_init": "any",
+    "init": "string",
+    "kernel": "string",
+    "prior": "string",
+    # variational
+    "guide": "any",
+    "rank": "positive_int|None",
+    "schedule": "string",
+    "init_logit_rho": "real",
+    "mu_lam_init": "real[]",
+    "step_max": "positive",
+    "backtrack": "bool",
+    "factorisation": "string",
+    "prune_below": "nonnegative",
+    "rank_threshold": "nonnegative",
+    "paper_literal": "bool",
+    "covariance_prior": "string",
+    # distributed
+    "graph": "any",
+    "eta": "positive",
+    "tol_consensus": "positive|None",
+    "runner": "string",
+    "on_node_failure": "string",
+    "num_nodes": "positive_int|None",
+    "num_agents": "positive_int|None",
+    "penalty": "string",
+    "prior_weight": "string",
+    "adaptive_eta": "bool",
+    "tau_sharing": "string",
+    "gamma": "unit_interval",
+    "participation": "unit_interval",
+    "dropout": "probability",
+    "dp_noise_scale": "nonnegative",
+    "leave_own_out": "bool",
 }
 # Options every method accepts.
 COMMON_OPTIONS: dict[str, Any] = {"progress": None}
@@ -146,7 +198,8 @@ def get_method(spec: ModelSpec, name: str) -> Method:
 
 
 def resolve_options(spec: ModelSpec, method: Method, given: Mapping[str, Any]) -> dict[str, Any]:
-    """Method defaults < the model's per-method overrides < ``given``; every value checked."""
+    """Method defaults < the model's per-method overrides < ``given``; every value checked against
+    ``OPTION_CONSTRAINTS`` (NumPy scalars become Python scalars), then by the method's ``check``."""
     allowed = {**COMMON_OPTIONS, **method.options}
     options = {**allowed, **spec.method_options.get(method.name, {})}
     for k, v in given.items():
@@ -156,8 +209,8 @@ def resolve_options(spec: ModelSpec, method: Method, given: Mapping[str, Any]) -
                              f"{sorted(spec.hyperparameters)}")
         options[k] = v
     for k, v in options.items():
-        if k in SHARED_OPTION_CONSTRAINTS and v is not None:
-            check_value(k, v, SHARED_OPTION_CONSTRAINTS[k])
+        if k in OPTION_CONSTRAINTS:
+            options[k] = check_value(k, v, OPTION_CONSTRAINTS[k])
     if method.check is not None:
         method.check(options)
     return options

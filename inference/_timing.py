@@ -69,3 +69,9 @@ class Stopwatch:
     @property
     def run_seconds(self) -> float:
         return max(self.wall_seconds - self.compile_seconds, 0.0)
+
+    @property
+    def compile_events(self) -> int:
+        """How many tracing, lowering or XLA-compilation spans JAX reported inside the stopwatch (0: nothing
+        was traced or compiled, e.g. input rejected before any JAX work; tests assert this)."""
+        return len(self._spans)

@@ -88,6 +88,7 @@ from jax.scipy.special import digamma, gammaln
 from inference._methods import Draws, FitContext, register_method
 from inference.distributed import Protocol, gossip, make_graph, run_inprocess, run_ray
 from inference.progress import progress_enabled
+from zoo._validation import factorize
 
 LOG_2PI = float(np.log(2 * np.pi))
 PENALTIES = ("quadratic", "kl")
@@ -775,7 +776,8 @@ def _check_common(o):
 
 
 def node_assignment(data: dict, num_nodes: int | None, method: str) -> tuple[np.ndarray, int]:
-    """(node of every row, J) from ``data['node']`` or, without it, ``num_nodes`` contiguous shards."""
+    """(node of every row, J) from ``data['node']`` (labels numbered 0..J-1 in sorted order, ``factorize``) or,
+    without it, ``num_nodes`` contiguous shards."""
     N = data["Y"].shape[0]
     if data.get("node") is None:
         if num_nodes is None:
@@ -783,12 +785,8 @@ def node_assignment(data: dict, num_nodes: int | None, method: str) -> tuple[np.
                              f"or the option num_nodes=J to split the rows into J contiguous shards")
         from zoo.bpca import node_split
         return node_split(N, num_nodes), num_nodes
-    node = np.asarray(data["node"], np.int64)
-    J = int(node.max()) + 1
-    empty = sorted(set(range(J)) - set(np.unique(node).tolist()))
-    if empty:
-        raise ValueError(f"data['node']: nodes must be numbered 0..J-1 with at least one row each; nodes {empty} "
-                         f"have no rows (J = {J})")
+    node, labels = factorize(data["node"])  # node labels (any integers or strings) -> nodes 0..J-1
+    J = len(labels)
     if num_nodes is not None and num_nodes != J:
         raise ValueError(f"num_nodes: {num_nodes} disagrees with data['node'], which has J = {J} nodes")
     return node, J

@@ -164,6 +164,9 @@ def split_by_agent(data: dict, num_agents: int | None = None) -> list[dict]:
         ids = np.unique(agent)
     else:
         ids = np.arange(num_agents)
+        if agent.dtype.kind not in "iu":
+            raise ValueError(f"num_agents: with num_agents given, data['agent'] must hold the agent ids "
+                             f"0..{num_agents - 1} (integers), got labels of dtype {agent.dtype}")
         if agent.size and agent.max() >= num_agents:
             raise ValueError(f"num_agents: {num_agents} agents, but data['agent'] holds id {int(agent.max())}")
         empty = np.setdiff1d(ids, agent)

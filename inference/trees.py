@@ -10,8 +10,10 @@ and ``sum(log_prior) + sum(log_likelihood) == log_density`` at every draw.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
+import re
 from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
@@ -31,6 +33,37 @@ _PACKAGES = ("bayes-zoo", "numpyro", "jax", "jaxlib", "arviz", "arviz-base", "ar
 
 class NonFiniteError(FloatingPointError):
     """A fit produced NaN or inf draws (raised instead of returning a tree full of NaNs)."""
+
+
+ADVICE = ("try more warm-up/iterations, a smaller step size, or check the data (scale, outliers) and the "
+          "hyperparameters (a very vague prior)")
+_NUMPYRO_INVALID = re.compile(r"(\w+) distribution got invalid (\w+) parameter")
+_NUMPYRO_NO_INIT = "Cannot find valid initial parameters"
+
+
+@contextlib.contextmanager
+def non_finite_as_error(method: str):
+    """Every non-finite blow-up inside ``method`` as one ``NonFiniteError``: a floating-point error of a
+    kernel, NumPyro's argument validation rejecting a parameter that became NaN/inf (``"... distribution
+    got invalid loc parameter"``), NumPyro finding no initial point with a finite log density. Other
+    exceptions pass through unchanged."""
+    try:
+        yield
+    except NonFiniteError:
+        raise
+    except FloatingPointError as exc:
+        raise NonFiniteError(f"method {method!r} hit a non-finite value ({exc}); {ADVICE}") from exc
+    except ValueError as exc:
+        found = _NUMPYRO_INVALID.search(str(exc))
+        if found is None:
+            raise
+        raise NonFiniteError(f"method {method!r}: NumPyro's {found[1]} distribution got an invalid {found[2]!r} "
+                             f"parameter (NaN/inf or out of its support) during the fit; {ADVICE}") from exc
+    except RuntimeError as exc:
+        if _NUMPYRO_NO_INIT not in str(exc):
+            raise
+        raise NonFiniteError(f"method {method!r}: NumPyro found no initial point with a finite log density "
+                             f"(every latent variable tried gave NaN/inf); {ADVICE}") from exc
 
 
 def package_versions() -> dict[str, str]:
@@ -136,8 +169,7 @@ def check_finite(name: str, arrays: Mapping[str, Any], method: str) -> None:
         if np.issubdtype(v.dtype, np.floating) and not np.all(np.isfinite(v)):
             bad = int((~np.isfinite(v)).sum())
             raise NonFiniteError(f"method {method!r} produced {bad} non-finite value(s) in {name} variable "
-                                 f"{k!r} (of {v.size}); try more warm-up/iterations, a smaller step size, "
-                                 f"or check the data and hyperparameters")
+                                 f"{k!r} (of {v.size}); {ADVICE}")
 
 
 def build_tree(spec: ModelSpec, data: Mapping[str, np.ndarray], hyper: Mapping[str, Any], draws,
@@ -156,6 +188,7 @@ def build_tree(spec: ModelSpec, data: Mapping[str, np.ndarray], hyper: Mapping[s
     model_sites = {k: v for k, v in posterior.items() if k in trace}
     log_prior, log_lik = log_densities(spec, model_kwargs, model_sites)
     check_finite("log_likelihood", log_lik, method)
+    check_finite("log_prior", log_prior, method)
 
     coords = dict(spec.coords(dict(data), dict(hyper)) if spec.coords else {})
     coords.update(draws.coords)

@@ -56,6 +56,7 @@ from zoo import mppca
 # %%
 data, truth = mppca.simulate(0, N=N_SYN)
 tree = inference.fit("mppca", data, "vbem", seed=0, K=10, q=8, tau_fixed=1.0, n_init=N_INIT, num_samples=200,
+                     prior="paper",
                      max_iter=MAX_ITER, tol=1e-8)
 var = tree["variational"].to_dataset()
 print("kept components K' =", tree.attrs["K_eff"], " Algorithm-1 ranks:", var["rank"].values)
@@ -138,7 +139,8 @@ def marginal_2d(Y, w, m, C):
 rows = []
 for s in range(N_SETS):
     d3, t3 = mppca.simulate_syn3(100 + s, N=N_SYN)
-    cfg, res = V.fit_vbem(d3["Y"], {**mppca.SPEC.default_hyper, "K": K_SYN3, "q": 8, "tau_fixed": 1.0},
+    hyper3 = {**mppca.SPEC.default_hyper, **mppca.PAPER_PRIORS, "K": K_SYN3, "q": 8, "tau_fixed": 1.0}
+    cfg, res = V.fit_vbem(d3["Y"], hyper3,
                           jax.random.key(s), n_init=N_INIT, max_iter=MAX_ITER_SYN3, tol=1e-8)
     sm = V.summary_of(cfg, res.state)
     g = BayesianGaussianMixture(n_components=K_SYN3, covariance_type="full", weight_concentration_prior=1e-3,

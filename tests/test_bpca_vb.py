@@ -283,14 +283,18 @@ def test_badmm_bad_input_raises_before_compiling(options, match):
         inference.fit("bpca", data, "badmm", seed=0, **{"M": 2, **options})
 
 
-def test_missing_node_assignment_and_empty_nodes_are_reported():
+def test_missing_node_assignment_is_reported_and_node_ids_are_labels():
     data, _ = simulate(0, **bpca.SPEC.demo_sizes)
     with pytest.raises(ValueError, match=r"data\['node'\]"):
         inference.fit("bpca", {"Y": data["Y"]}, "dppca", seed=0, M=2)
+    # node ids are labels (issue 20): a gap in the ids (no node 1) is 3 nodes numbered in sorted order, the same
+    # assignment as ids 0..2, and a huge or string id is just another label
     node = data["node"].copy()
     node[node == 1] = 0
-    with pytest.raises(ValueError, match=r"nodes \[1\] have no rows"):
-        inference.fit("bpca", {"Y": data["Y"], "node": node}, "badmm", seed=0, M=2)
+    for labels in (node, node * 10**12, np.array([f"n{i}" for i in node])):
+        got, J = B.node_assignment({"Y": data["Y"], "node": labels}, None, "badmm")
+        want, _ = B.node_assignment({"Y": data["Y"], "node": np.unique(node, return_inverse=True)[1]}, None, "badmm")
+        assert J == 3 and np.array_equal(got, want)
     Y = data["Y"].copy()
     Y[:] = np.nan
     with pytest.raises(ValueError, match="every entry is missing"):

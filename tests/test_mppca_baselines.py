@@ -42,9 +42,9 @@ def test_mppca_em_and_vbgmm_methods_return_model_shaped_trees_on_syn1():
     ll_em = V.gmm_logpdf(truth["Y_test"], w, post["mu"].values[0, 0], C).sum()
     ll_true = V.gmm_logpdf(truth["Y_test"], truth["omega"], truth["mu"], truth["C"]).sum()
     assert ll_em >= ll_true - 0.02 * abs(ll_true)
-    vg = inference.fit("mppca", data, "vbgmm", seed=0, K=6, q=2)
+    vg = inference.fit("mppca", data, "vbgmm", seed=0, K=6, q=2, prior="paper")
     assert vg["posterior"]["Wt"].shape == (1, 1, 6, 2, 9) and "gmm" in vg.children
-    vp = inference.fit("mppca", data, "vbgmm", seed=0, K=6, q=2, covariance_prior="vbmix")
+    vp = inference.fit("mppca", data, "vbgmm", seed=0, K=6, q=2, covariance_prior="vbmix", prior="paper")
     assert vp.attrs["converged"] == 1
     with pytest.raises(ValueError, match="covariance_prior"):
         inference.fit("mppca", data, "vbgmm", seed=0, K=6, covariance_prior="wide")
@@ -53,7 +53,7 @@ def test_mppca_em_and_vbgmm_methods_return_model_shaped_trees_on_syn1():
 @pytest.fixture(scope="module")
 def digits_vbmppca():
     data, truth = mppca.load_digits_data(0)
-    hyper = {**zoo.get("mppca").default_hyper, "K": 30, "q": 8}
+    hyper = {**zoo.get("mppca").default_hyper, **mppca.PAPER_PRIORS, "K": 30, "q": 8}
     cfg, res = V.fit_vbem(data["Y"], hyper, jax.random.key(0), n_init=1, max_iter=3000, tol=1e-8)
     assert res.converged
     s = V.summary_of(cfg, res.state)
@@ -107,7 +107,7 @@ def test_vbmppca_beats_vbgmm_on_syn3_circle_data():
     res = []
     for s in range(5):
         data, truth = mppca.simulate_syn3(100 + s, N=1000)
-        hyper = {**zoo.get("mppca").default_hyper, "K": 20, "q": 8, "tau_fixed": 1.0}
+        hyper = {**zoo.get("mppca").default_hyper, **mppca.PAPER_PRIORS, "K": 20, "q": 8, "tau_fixed": 1.0}
         cfg, r = V.fit_vbem(data["Y"], hyper, jax.random.key(s), max_iter=1500, tol=1e-8)
         sm = V.summary_of(cfg, r.state)
         g = V.fit_vbgmm(data["Y"], 20, seed=s)

@@ -74,7 +74,7 @@ def test_incremental_merge_and_merging_vbem_trees(syn1_split):
     ll, ll_pooled = _heldout(out, truth["Y_test"]), _heldout(pooled, truth["Y_test"])
     assert abs(ll - ll_pooled) <= 5e-3 * abs(ll_pooled)
     data, _ = mppca.simulate_small(0, N=200)
-    trees = [inference.fit("mppca", {"Y": data["Y"][i::2]}, "vbem", seed=i, K=4, q=1, tau_fixed=1.0,
+    trees = [inference.fit("mppca", {"Y": data["Y"][i::2]}, "vbem", seed=i, K=4, q=1, tau_fixed=1.0, prior="paper",
                            num_samples=20) for i in range(2)]
     merged = inference.merge_mppca(trees, K=6, n_init=2)
     assert 2 <= merged["K_eff"] <= sum(int(t.attrs["K_eff"]) for t in trees)

@@ -15,7 +15,7 @@ from zoo import mppca
 
 
 def _hyper(**kw):
-    return {**zoo.get("mppca").default_hyper, **kw}
+    return {**zoo.get("mppca").default_hyper, **mppca.PAPER_PRIORS, **kw}
 
 
 def _recorded_sweeps(cfg, Y, mu0, key, n):
@@ -78,7 +78,7 @@ def test_vbem_ppca_recovers_the_covariance_and_pruned_ard_columns():
     # 2000 points, true rank 2 in d = 5: sampling error of C is ~ |C| sqrt(2/N) ~ 3 %; 10 % relative Frobenius
     # leaves room for it; the two spare ARD columns (q = 4) must be switched off (Algorithm-1 rank 2).
     data, truth = mppca.simulate_ppca(0, N=2000)
-    tree = inference.fit("ppca", data, "vbem", seed=0, q=4, tau_fixed=None, num_samples=200)
+    tree = inference.fit("ppca", data, "vbem", seed=0, q=4, tau_fixed=None, num_samples=200, prior="paper")
     var = tree["variational"].to_dataset()
     assert int(var["rank"].values[0]) == 2
     C = compared_posterior(tree)["C_sorted"].mean(("chain", "draw")).values[0]
@@ -97,6 +97,7 @@ def syn1_fits():
     for seed in range(5):
         data, truth = mppca.simulate(seed, N=1000)
         tree = inference.fit("mppca", data, "vbem", seed=seed, K=10, q=8, tau_fixed=1.0, n_init=3, num_samples=10,
+                             prior="paper",
                              max_iter=1500, tol=1e-8)
         out.append((tree["variational"].to_dataset(), truth))
     return out
@@ -192,7 +193,7 @@ def test_empty_components_stay_finite_and_bad_options_are_rejected():
     # T14: K = 8 on 2 clusters leaves empty components (N_k -> 0): no NaN anywhere in the tree, and some
     # components are pruned (N_k <= 2).
     data, _ = mppca.simulate_small(1, N=80)
-    tree = inference.fit("mppca", data, "vbem", seed=0, K=8, q=2, num_samples=50)
+    tree = inference.fit("mppca", data, "vbem", seed=0, K=8, q=2, num_samples=50, prior="paper")
     assert 2 <= int(tree.attrs["K_eff"]) < 8
     assert tree["variational"]["N_k"].values.min() < 1e-8           # the edge case is exercised: N_k = 0
     for g in ("posterior", "log_likelihood", "log_prior", "variational"):

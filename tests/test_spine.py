@@ -233,7 +233,7 @@ BAD_INPUTS = [
     ("non-positive hyper", dict(options={"tau0": 0.0}), "tau0: expected a positive number, got 0.0"),
     ("num_samples < 1", dict(options={"num_samples": 0}), "num_samples: expected a positive integer"),
     ("unknown option", dict(options={"num_sample": 10}), "num_sample: not an option of method 'nuts'"),
-    ("bad seed", dict(seed=-1), "seed: expected a non-negative integer"),
+    ("bad seed", dict(seed=-1), r"seed: expected an integer in \[0, 2\*\*63 - 1\]"),
     ("bad guide", dict(method="svi", options={"guide": "flow"}), "guide: expected one of"),
 ]
 

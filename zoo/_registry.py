@@ -16,8 +16,11 @@ import numpy as np
 from zoo import _runtime  # noqa: F401  (JAX set-up before any model module touches JAX)
 
 DataKind = Literal["float", "int", "binary", "index"]
-Constraint = Literal["positive", "nonnegative", "positive_int", "nonnegative_int", "unit_interval",
-                     "probability", "any"]
+# A constraint names a check of ``zoo._validation``: "positive", "nonnegative", "real", "positive_int",
+# "nonnegative_int", "unit_interval" (0, 1], "open_unit_interval" (0, 1), "probability" [0, 1], "bool",
+# "string", "None", "any"; "a|b" accepts either ("positive_int|None"); a "[]" suffix also accepts an array
+# whose every entry passes ("real[]"). Scalars are never given as lists, bools are not numbers.
+Constraint = str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +30,8 @@ class DataField:
     ``shape`` names each axis symbolically (``("n", "F")``) or fixes it (an int); the same symbol in
     two fields must have the same size (``X: ("n", "F")`` and ``y: ("n",)`` share ``n``).
     ``kind``: ``float`` (finite reals, NaN allowed only if ``allow_nan``), ``int`` (any integers),
-    ``index`` (integers >= 0, e.g. group labels), ``binary`` (0/1).
+    ``index`` (labels: integers >= 0 or strings, any size; models number them with
+    ``zoo._validation.factorize``), ``binary`` (0/1).
     """
 
     name: str
@@ -40,7 +44,8 @@ class DataField:
 
 @dataclasses.dataclass(frozen=True)
 class Hyper:
-    """A hyperparameter of a model: its default, the constraint checked by ``fit`` and a one-line doc."""
+    """A hyperparameter of a model: its default, the constraint checked by ``fit`` (see ``Constraint``) and
+    a one-line doc."""
 
     default: Any
     constraint: Constraint = "positive"
@@ -100,6 +105,10 @@ class ModelSpec:
     reference_datasets:
         ``() -> {tag: (data, options)}``: every stored reference ``make references`` regenerates
         (default: tag ``"default"`` on ``default_data()`` with ``reference_options``).
+    hyper_presets:
+        named sets of hyperparameter values chosen by a string hyperparameter:
+        ``{"prior": {"weak": {...}, "paper": {...}}}``; ``fit(..., prior="paper")`` applies that set,
+        values given explicitly still win. The default preset's values must equal the ``Hyper`` defaults.
     """
 
     name: str
@@ -123,6 +132,7 @@ class ModelSpec:
     demo_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     reference_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     reference_datasets: Callable[[], Mapping[str, tuple[dict, dict]]] | None = None
+    hyper_presets: Mapping[str, Mapping[str, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
 
     @property
     def default_hyper(self) -> dict[str, Any]:

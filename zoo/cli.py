@@ -39,6 +39,10 @@ def _spec(name: str):
         raise typer.BadParameter(str(exc), param_hint="MODEL") from None
 
 
+# Arguments of ``inference.fit`` that have their own command-line option, never a --set.
+_OWN_OPTIONS = {"seed": "--seed", "method": "--method", "model": "MODEL", "data": "--data"}
+
+
 def _parse_sets(pairs: list[str]) -> dict:
     """``["K=4", "guide='mvn'", "prior=paper"]`` -> ``{"K": 4, "guide": "mvn", "prior": "paper"}``."""
     out = {}
@@ -46,22 +50,45 @@ def _parse_sets(pairs: list[str]) -> dict:
         if "=" not in pair:
             raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--set")
         key, raw = pair.split("=", 1)
+        key = key.strip()
+        if not key.isidentifier():
+            raise typer.BadParameter(f"expected KEY=VALUE with KEY an option or hyperparameter name, got {pair!r}",
+                                     param_hint="--set")
+        if key in _OWN_OPTIONS:
+            raise typer.BadParameter(f"{key} is not set with --set; use {_OWN_OPTIONS[key]}", param_hint="--set")
+        if key in out:
+            raise typer.BadParameter(f"{key} is given twice", param_hint="--set")
         try:
-            out[key.strip()] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            out[key.strip()] = raw
+            out[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            out[key] = raw
     return out
 
 
 def _load_data(path: Path | None, spec) -> dict:
+    import zipfile
+
     import numpy as np
 
     if path is None:
         return spec.default_data()[0]
     if not path.is_file():
         raise typer.BadParameter(f"no such file {str(path)!r}", param_hint="--data")
-    with np.load(path) as npz:
-        return {k: npz[k] for k in npz.files}
+    if not zipfile.is_zipfile(path):
+        raise typer.BadParameter(f"{str(path)!r} is not an .npz archive (write one with numpy.savez(path, "
+                                 f"name=array, ...), see `zoo show {spec.name}`)", param_hint="--data")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+    except ValueError as exc:
+        if "pickle" in str(exc):
+            raise typer.BadParameter(f"{str(path)!r} holds object arrays; store numbers or strings "
+                                     f"(numpy.savez with numeric/str arrays)", param_hint="--data") from None
+        raise typer.BadParameter(f"{str(path)!r} could not be read as an .npz archive: {exc}",
+                                 param_hint="--data") from None
+    except (OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        raise typer.BadParameter(f"{str(path)!r} could not be read as an .npz archive (truncated or corrupted: "
+                                 f"{type(exc).__name__}: {exc})", param_hint="--data") from None
 
 
 @app.command("list")
@@ -123,7 +150,13 @@ def fit(
         tree = inference.fit(spec, _load_data(data, spec), method, seed=seed, **options)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    path = inference.save(tree, out)
+    except inference.NonFiniteError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    try:
+        path = inference.save(tree, out)
+    except OSError as exc:
+        raise typer.BadParameter(f"could not write {str(out)!r}: {exc}", param_hint="--out") from None
     typer.echo(f"{model}/{method}: compile {tree.attrs['compile_seconds']:.1f} s, run "
                f"{tree.attrs['run_seconds']:.1f} s -> {path}")
 

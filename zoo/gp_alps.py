@@ -58,6 +58,7 @@ from jax.scipy.special import logsumexp
 from zoo._registry import DataField, Hyper, ModelSpec, register
 
 MAX_ENUMERATED = 14
+MAX_PERIODS = 1e9  # |t| / period beyond which float64 spacing of t exceeds ~1e-6 of a period (check)
 F_SQ = 0.05  # square-wave frequency of paper §4.1 (Hz)
 MIXTURE_PERIODS = (3.0, 7.0, 7.0, 11.0, 13.0, 17.0, 19.0, 23.0, 23.0)
 N_SUMMARY_POINTS = 12
@@ -144,10 +145,11 @@ def resolve_kernels(kernels, d=1):
         full = {"variance": 1.0, "feature": None, **k}
         for key in (*_KINDS[k["kind"]], "variance"):
             v = full.get(key)
-            if not isinstance(v, int | float | np.floating | np.integer) or not np.isfinite(v) or v <= 0:
+            if isinstance(v, bool | np.bool_) or not isinstance(v, int | float | np.floating | np.integer) \
+                    or not np.isfinite(v) or v <= 0:
                 raise ValueError(f"kernels[{j}]['{key}']: expected a positive number, got {v!r}")
         f = full["feature"]
-        if f is not None and (not isinstance(f, int | np.integer) or f < 0 or f >= d):
+        if f is not None and (isinstance(f, bool | np.bool_) or not isinstance(f, int | np.integer) or f < 0 or f >= d):
             raise ValueError(f"kernels[{j}]['feature']: expected an input column in 0..{d - 1} or None, got {f!r}")
         out.append(full)
     return out
@@ -400,14 +402,17 @@ def check(data, hyper):
     if m > MAX_ENUMERATED:
         raise ValueError(f"kernels: {m} latent processes; the model sums the 2^m switch patterns out "
                          f"explicitly, which is limited to m <= {MAX_ENUMERATED}")
+    for j, k in enumerate(kernels):
+        if k["kind"] in ("linper", "periodic"):
+            reach = float(np.max(np.abs(_inputs_of(t, k)))) / k["period"]
+            if reach > MAX_PERIODS:
+                raise ValueError(f"data['t']: inputs reach {reach:.3g} periods of kernels[{j}] (period "
+                                 f"{k['period']:g}); beyond {MAX_PERIODS:g} periods float64 cannot resolve the phase "
+                                 f"(its spacing exceeds 1e-6 of a period) and the kernel would be noise. Shift or "
+                                 f"rescale t")
     th = np.asarray(hyper["theta"], dtype=np.float64)
-    if th.ndim > 1 or (th.ndim == 1 and th.shape[0] != m) or np.any(th <= 0) or np.any(th >= 1):
+    if th.ndim > 1 or (th.ndim == 1 and th.shape[0] != m):
         raise ValueError(f"theta: expected a probability in (0, 1) or one per latent ({m}), got {hyper['theta']!r}")
-    s2 = hyper["sigma2"]
-    if s2 is not None and (not isinstance(s2, int | float | np.floating) or not np.isfinite(s2) or s2 <= 0):
-        raise ValueError(f"sigma2: expected None (sampled) or a positive number, got {s2!r}")
-    if not 0 < float(hyper["rank_tol"]) < 1:
-        raise ValueError(f"rank_tol: expected a number in (0, 1), got {hyper['rank_tol']!r}")
 
 
 def coords(data, hyper):
@@ -422,13 +427,15 @@ PAPER = ("P. Berkovich, E. Perim, W. Bruinsma, GP-ALPS: Automatic Latent Process
 HYPER = {
     "kernels": Hyper("square_wave", "any", "latent kernels: a preset ('square_wave', 'periodic_mixture', "
                      "'additive_rbf') or a list of kernel dicts (module docstring)"),
-    "theta": Hyper(0.5, "any", "prior switch probability theta_j (scalar or one per latent; notes E7: 0.5)"),
+    "theta": Hyper(0.5, "open_unit_interval[]", "prior switch probability theta_j (scalar or one per latent; "
+                                                "notes E7: 0.5)"),
     "s": Hyper(1.0, "positive", "prior variance of every H_ij (notes E6: 1)"),
-    "sigma2": Hyper(None, "any", "noise variance: None = one per output with an InvGamma(a0, b0) prior, or "
+    "sigma2": Hyper(None, "positive|None", "noise variance: None = one per output with an InvGamma(a0, b0) prior, or "
                     "a fixed positive number"),
     "a0": Hyper(2.0, "positive", "InvGamma shape of sigma2 (notes §2.5 sketch A)"),
     "b0": Hyper(0.1, "positive", "InvGamma scale of sigma2"),
-    "rank_tol": Hyper(1e-9, "positive", "eigenvalues below rank_tol x max are dropped from full-rank kernels"),
+    "rank_tol": Hyper(1e-9, "open_unit_interval", "eigenvalues below rank_tol x max are dropped from full-rank "
+                                                  "kernels"),
 }
 
 SPEC = register(ModelSpec(

@@ -40,6 +40,7 @@ import numpyro.distributions as dist
 import xarray as xr
 
 from zoo._registry import DataField, Hyper, ModelSpec, register
+from zoo._validation import factorize, factorize_rows
 
 LOG_2PI = float(np.log(2 * np.pi))
 
@@ -102,21 +103,18 @@ def model_enumerated(Xp, yp, mask, pair_agent, n_agents, K, alpha, beta, delta, 
 def pair_structure(agent, entity):
     """Number the pairs and agents of flat event arrays.
 
+    ``agent`` and ``entity`` are labels (integers of any size or strings; ``zoo._validation.factorize``):
+    pairs are found from the labels' codes, never from an arithmetic key, so distinct pairs never merge.
     Returns a dict: ``pair`` (events,) pair index of each event; ``pair_agent`` (E,) agent index of each
-    pair; ``agent_ids`` (N,) and ``pair_ids`` (E, 2) the original (agent, entity) ids; ``n_agents``,
-    ``n_pairs``. Pairs are sorted by (agent id, entity id); agents by id.
+    pair; ``agent_ids`` (N,) and ``pair_ids`` (E, 2) the original (agent, entity) labels; ``n_agents``,
+    ``n_pairs``. Pairs are sorted by (agent, entity) label; agents by label.
     """
-    agent = np.asarray(agent, dtype=np.int64)
-    entity = np.asarray(entity, dtype=np.int64)
-    agent_ids, agent_idx = np.unique(agent, return_inverse=True)
-    key = agent_idx * (int(entity.max()) + 1) + entity
-    pair_keys, pair = np.unique(key, return_inverse=True)
-    first = np.zeros(len(pair_keys), dtype=np.int64)
-    first[pair[::-1]] = np.arange(len(pair))[::-1]   # an event of each pair
-    pair_agent = agent_idx[first]
-    return {"pair": pair.astype(np.int64), "pair_agent": pair_agent.astype(np.int64), "agent_ids": agent_ids,
+    agent, entity = np.asarray(agent), np.asarray(entity)
+    agent_idx, agent_ids = factorize(agent)
+    pair, first = factorize_rows(agent, entity)
+    return {"pair": pair, "pair_agent": agent_idx[first], "agent_ids": agent_ids,
             "pair_ids": np.stack([agent[first], entity[first]], axis=1), "n_agents": len(agent_ids),
-            "n_pairs": len(pair_keys)}
+            "n_pairs": len(first)}
 
 
 def pair_statistics(X, y, pair, n_pairs):
@@ -317,12 +315,15 @@ def summaries(posterior, data, hyper):
 
 def check(data, hyper):
     """Model-specific input checks (run by ``fit`` before compilation)."""
-    if hyper.get("alpha") is not None:
-        a = hyper["alpha"]
-        if isinstance(a, bool) or not isinstance(a, int | float) or not np.isfinite(a) or a <= 0:
-            raise ValueError(f"alpha: expected a positive number or None (meaning K), got {a!r}")
     if data["X"].shape[0] != data["y"].shape[0]:
         raise ValueError("data['X']: must have one row per event of data['y']")
+    # the model sees the data only through per-pair sums of squares: they must be finite numbers
+    with np.errstate(over="ignore", invalid="ignore"):
+        for name, v in (("X", data["X"]), ("y", data["y"])):
+            big = float(np.max(np.abs(v)))
+            if not np.isfinite(big * big * len(v)):
+                raise ValueError(f"data[{name!r}]: values up to {big:.3g} overflow the per-pair sums of squares "
+                                 f"the model is computed from (float64 max ~1.8e308); rescale the data")
 
 
 def coords(data, hyper):
@@ -374,7 +375,7 @@ SPEC = register(ModelSpec(
     ),
     hyperparameters={
         "K": Hyper(3, "positive_int", "number of clusters"),
-        "alpha": Hyper(None, "any", "total concentration of psi ~ Dir(alpha/K); None means K (uniform psi)"),
+        "alpha": Hyper(None, "positive|None", "total concentration of psi ~ Dir(alpha/K); None means K (uniform psi)"),
         "beta": Hyper(1.0, "positive", "concentration of theta_i ~ Dir(beta psi)"),
         "delta": Hyper(1.0, "positive", "prior sd of the regression weights"),
         "sigma": Hyper(0.5, "positive", "noise sd (known; set it to the data's noise level)"),

@@ -17,8 +17,10 @@ The NumPyro model marginalises z and x: y_n ~ sum_k omega_k N(mu_k, C_k), C_k = 
 (N2.6), so NUTS/SVI run on small problems. ``ppca`` is the single-component model (no omega).
 
 Data contract: ``Y`` (N, d) finite floats, d >= 2. Hyperparameters: ``K`` (K_init), ``q`` (None = d - 1),
-the priors above (defaults: the notes' [VBmix] values), ``mu0`` (None = the data mean for every component;
-the paper scatters mu0_k in the data box, which only matters as an initialisation, N2.4).
+the priors above (``prior="weak"``, the default: alpha0 = a0 = b0 = a_tau = b_tau = 1, nu0 = 0.01, which NUTS
+and SVI can sample; ``prior="paper"``: the notes' [VBmix] values, 1e-3 everywhere, see ``PRIORS``), ``mu0``
+(None = the data mean for every component; the paper scatters mu0_k in the data box, which only matters as an
+initialisation, N2.4).
 
 Simulators (N5.1): ``simulate`` = SYN1 (4 well-separated 2-D Gaussian blobs embedded in 9-D by the VBmix
 transform T, plus N(0, noise^2 I) noise; with noise = 1 = tau^-1 this is exactly an MPPCA with q = 2);
@@ -286,11 +288,6 @@ def check(data, hyper):
         raise ValueError(f"q: expected an integer with 1 <= q < d = {d} (None means d - 1), got {hyper.get('q')!r}")
     if N < 2:
         raise ValueError(f"data['Y']: need at least 2 rows, got {N}")
-    if "K" in hyper and int(hyper["K"]) < 1:
-        raise ValueError(f"K: expected a positive number of components, got {hyper['K']!r}")
-    tf = hyper.get("tau_fixed")
-    if tf is not None and (isinstance(tf, bool) or not np.isfinite(float(tf)) or float(tf) <= 0):
-        raise ValueError(f"tau_fixed: expected None (tau learned) or a positive noise precision, got {tf!r}")
     mu0 = hyper.get("mu0")
     if mu0 is not None:
         m = np.asarray(mu0, float)
@@ -304,19 +301,42 @@ def coords(data, hyper):
             "component": np.arange(int(hyper.get("K", 1)))}
 
 
+# Prior presets (hyperparameter ``prior``). "weak", the default: proper priors that NUTS and SVI can sample
+# on the model's own simulated data. "paper": the notes' [VBmix] values, Gamma(1e-3, 1e-3) on every precision
+# and alpha0 = 1e-3, what VB-EM's automatic pruning was designed with. They are too vague for the baselines:
+# a Gamma(1e-3, 1e-3) draw of tau or nu underflows to 0 (its median is ~1e-300), so NUTS started from a prior
+# draw meets an infinite covariance ("invalid cov_factor") and SVI from the prior median runs off to
+# tau = 1e-107; alpha0 = 1e-3 puts omega at the simplex's corners, where NUTS produced 783,000 non-finite values.
+PRIORS = {
+    "weak": {"alpha0": 1.0, "a0": 1.0, "b0": 1.0, "nu0": 0.01, "a_tau": 1.0, "b_tau": 1.0},
+    "paper": {"alpha0": 1e-3, "a0": 1e-3, "b0": 1e-3, "nu0": 1e-3, "a_tau": 1e-3, "b_tau": 1e-3},
+}
+PAPER_PRIORS = {"prior": "paper", **PRIORS["paper"]}   # for code that builds hyperparameter dicts itself
+
+
+def _presets(mixture: bool):
+    return {"prior": {name: {k: v for k, v in p.items() if mixture or k != "alpha0"} for name, p in PRIORS.items()}}
+
+
 def _hypers(mixture: bool):
-    h = {"q": Hyper(None, "any", "loading columns per component (None = d - 1; ARD switches off extra ones)"),
-         "tau_fixed": Hyper(None, "any", "None: tau learned with Gamma(a_tau, b_tau); a number: fixed noise "
-                                        "precision (the paper's tau = 1)"),
-         "a0": Hyper(1e-3, "positive", "Gamma shape of the ARD precisions nu"),
-         "b0": Hyper(1e-3, "positive", "Gamma rate of the ARD precisions nu"),
-         "nu0": Hyper(1e-3, "positive", "prior precision of the component means"),
-         "a_tau": Hyper(1e-3, "positive", "Gamma shape of tau's prior"),
-         "b_tau": Hyper(1e-3, "positive", "Gamma rate of tau's prior"),
-         "mu0": Hyper(None, "any", "prior mean of the component means (None = data mean)")}
+    w = PRIORS["weak"]
+    h = {"q": Hyper(None, "positive_int|None", "loading columns per component (None = d - 1; ARD switches off "
+                                               "extra ones)"),
+         "tau_fixed": Hyper(None, "positive|None", "None: tau learned with Gamma(a_tau, b_tau); a number: fixed "
+                                                  "noise precision (the paper's tau = 1)"),
+         "prior": Hyper("weak", "string", "prior preset: 'weak' (default; NUTS/SVI can sample it) or 'paper' "
+                                          "(Gamma(1e-3, 1e-3) precisions, alpha0 = 1e-3: VB-EM's pruning); "
+                                          "explicit values below override it"),
+         "a0": Hyper(w["a0"], "positive", "Gamma shape of the ARD precisions nu"),
+         "b0": Hyper(w["b0"], "positive", "Gamma rate of the ARD precisions nu"),
+         "nu0": Hyper(w["nu0"], "positive", "prior precision of the component means"),
+         "a_tau": Hyper(w["a_tau"], "positive", "Gamma shape of tau's prior"),
+         "b_tau": Hyper(w["b_tau"], "positive", "Gamma rate of tau's prior"),
+         "mu0": Hyper(None, "real[]|None", "prior mean of the component means (None = data mean)")}
     if mixture:
         h = {"K": Hyper(10, "positive_int", "number of components K_init (pruned by the Dirichlet prior)"),
-             "alpha0": Hyper(1e-3, "positive", "Dirichlet concentration (<< 1 prunes components)"), **h}
+             "alpha0": Hyper(w["alpha0"], "positive", "Dirichlet concentration (<< 1 prunes components; the "
+                                                     "paper's 1e-3 with prior='paper')"), **h}
     return h
 
 
@@ -344,6 +364,7 @@ SPEC = register(ModelSpec(
     simulate=simulate,
     data_fields=(DataField("Y", ("n", "d"), doc="observations (N, d), finite"),),
     hyperparameters=_hypers(True),
+    hyper_presets=_presets(True),
     methods=("nuts", "svi", "vbem", "em", "vbgmm"),
     likelihood_sites=("y",),
     observed_fields=("Y",),
@@ -362,7 +383,7 @@ SPEC = register(ModelSpec(
                   "svi": {"num_steps": 3000, "K": 2, "q": 1, **NUTS_PRIORS},
                   "vbem": {"K": 2, "q": 1, **NUTS_PRIORS},
                   "em": {"K": 2, "q": 1, "tau_fixed": 1.0},
-                  "vbgmm": {"K": 2}},
+                  "vbgmm": {"K": 2, "prior": "paper"}},
     reference_options={"num_warmup": 500, "num_samples": 1000, "num_chains": 2, "K": 4, "q": 2, **NUTS_PRIORS},
     reference_datasets=reference_datasets,
 ))
@@ -376,6 +397,7 @@ PPCA_SPEC = register(ModelSpec(
     simulate=simulate_ppca,
     data_fields=(DataField("Y", ("n", "d"), doc="observations (N, d), finite"),),
     hyperparameters=_hypers(False),
+    hyper_presets=_presets(False),
     methods=("nuts", "svi", "vbem", "em"),
     likelihood_sites=("y",),
     observed_fields=("Y",),
@@ -387,10 +409,12 @@ PPCA_SPEC = register(ModelSpec(
     method_options={"nuts": {"target_accept_prob": 0.9}},
     demo_sizes={"N": 200},
     # NUTS 2 x 2000: R-hat 1.002, min ESS 1209 (300/300 gave R-hat 1.015, ESS 246).
-    demo_options={"nuts": {"num_warmup": 500, "num_samples": 2000, "q": 2, "a0": 1.0, "b0": 1.0, "nu0": 0.01},
+    demo_options={"nuts": {"num_warmup": 500, "num_samples": 2000, "q": 2, "prior": "paper", "a0": 1.0, "b0": 1.0,
+                           "nu0": 0.01},
                   # init "uniform": the Gamma(1e-3, 1e-3) prior median of tau is ~1e-300, and SVI started
                   # there ran off to tau = 1e-107 (C = 1e107); from uniform(-2, 2) it converges.
-                  "svi": {"num_steps": 3000, "q": 2, "a0": 1.0, "b0": 1.0, "nu0": 0.01, "init": "uniform"}},
-    reference_options={"num_warmup": 500, "num_samples": 1000, "num_chains": 2, "q": 2, "a0": 1.0, "b0": 1.0,
-                       "nu0": 0.01},
+                  "svi": {"num_steps": 3000, "q": 2, "prior": "paper", "a0": 1.0, "b0": 1.0, "nu0": 0.01,
+                          "init": "uniform"}},
+    reference_options={"num_warmup": 500, "num_samples": 1000, "num_chains": 2, "q": 2, "prior": "paper", "a0": 1.0,
+                       "b0": 1.0, "nu0": 0.01},
 ))

@@ -26,9 +26,10 @@ alpha and b are written non-centred (``alpha_raw``, ``b_raw``) so NUTS does not 
 funnels (notes §2.7); the model is the same distribution as the centred one.
 
 Data contract: ``X`` (n, d) inputs, ``y`` (n,) responses (0/1 for the binary models), optional ``group``
-(n,) integer labels 0..J-1 (random intercepts, and random slopes on the columns named by the
-hyperparameter ``random_slopes``), optional ``A`` (n, s) an explicit design matrix with N(0, var_beta)
-coefficients. Without ``group`` and ``A`` the model is a plain SSGP regression/classifier with intercept.
+(n,) group labels (integers or strings, numbered 0..J-1 in sorted order by ``group_codes``; random intercepts,
+and random slopes on the columns named by the hyperparameter ``random_slopes``), optional ``A`` (n, s) an
+explicit design matrix with N(0, var_beta) coefficients. Without ``group`` and ``A`` the model is a plain SSGP
+regression/classifier with intercept.
 
 Symmetry: (lam, sin-weights) -> (-lam, -sin-weights) leaves the model unchanged (notes §2.1, E17), so
 posteriors are compared in function space: ``summaries`` reports the population curve
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import importlib.util
 import tarfile
+import warnings
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -49,6 +51,7 @@ import xarray as xr
 from jax.scipy.special import log_ndtr
 
 from zoo._registry import DataField, Hyper, ModelSpec, register
+from zoo._validation import factorize
 
 LIKELIHOODS = ("gaussian", "logit", "probit")
 N_GRID = 50
@@ -123,12 +126,21 @@ def random_slopes(hyper):
 
 
 def n_groups_of(data, hyper):
-    """J: ``hyper['n_groups']`` when given, else max(group) + 1 (0 without groups)."""
+    """J: ``hyper['n_groups']`` when given, else the number of distinct group labels (0 without groups)."""
     if data.get("group") is None:
         return 0
     if hyper.get("n_groups") is not None:
         return int(hyper["n_groups"])
-    return int(np.max(data["group"])) + 1
+    return len(factorize(data["group"])[1])
+
+
+def group_codes(data, hyper):
+    """Group index 0..J-1 of every observation: with ``n_groups`` given the labels are those indices
+    (integers 0..n_groups-1, groups without data allowed); otherwise the labels' codes (``factorize``:
+    any integers or strings, numbered in sorted order, so ids 0..J-1 map to themselves)."""
+    if hyper.get("n_groups") is not None:
+        return np.asarray(data["group"], dtype=np.int64)
+    return factorize(data["group"])[0]
 
 
 def re_covariates(Xs, slopes):
@@ -153,7 +165,7 @@ def model_inputs(data, hyper, likelihood):
     if likelihood == "gaussian":
         out["A_gamma"] = float(hyper["A_gamma"])
     if data.get("group") is not None:
-        out["group"] = np.asarray(data["group"], dtype=np.int64)
+        out["group"] = group_codes(data, hyper)
         out["C"] = re_covariates(Xs, random_slopes(hyper))
         out["n_groups"] = n_groups_of(data, hyper)
     return out
@@ -341,27 +353,31 @@ def check(data, hyper):
         raise ValueError(f"data['X']: column(s) {const.tolist()} are constant (every value equals "
                          f"{lo[const].tolist()}); the inputs are rescaled to [0, 1], so each column must vary. "
                          f"Drop constant columns")
-    for k in ("mu_lam0",):
-        if not np.isfinite(np.asarray(hyper[k], dtype=float)).all():
-            raise ValueError(f"{k}: expected a finite number, got {hyper[k]!r}")
+    for col, ratio in squeezed_columns(X):
+        if ratio > MAX_SQUEEZE:
+            raise ValueError(f"data['X']: column {col} is squeezed by the [0, 1] rescaling: its range is {ratio:.3g} "
+                             f"times the range of the bulk of its values (an extreme value or a far-away cluster), "
+                             f"so every other input becomes ~0 and the model cannot tell them apart (limit "
+                             f"{MAX_SQUEEZE:g}). Remove the outliers or transform the column (e.g. log)")
+        warnings.warn(f"data['X']: column {col} is squeezed by the [0, 1] rescaling (range {ratio:.3g} times the "
+                      f"range of the bulk of its values); consider transforming it", stacklevel=3)
     slopes = hyper.get("random_slopes", ()) or ()
-    try:
-        slopes = random_slopes(hyper)
-    except (TypeError, ValueError):
-        raise ValueError(f"random_slopes: expected a tuple of X column indices, got {slopes!r}") from None
+    entries = slopes if isinstance(slopes, list | tuple | np.ndarray) else [slopes]
+    if any(isinstance(k, bool | np.bool_) or not isinstance(k, int | np.integer) for k in entries):
+        raise ValueError(f"random_slopes: expected a tuple of X column indices (integers), got {slopes!r}")
+    slopes = random_slopes(hyper)
     if any(k < 0 or k >= d for k in slopes) or len(set(slopes)) != len(slopes):
         raise ValueError(f"random_slopes: expected distinct X column indices in 0..{d - 1}, got {list(slopes)}")
     if slopes and data.get("group") is None:
         raise ValueError("random_slopes: random slopes need data['group'] (the grouping of the random effects)")
-    if data.get("group") is not None:
-        group = np.asarray(data["group"])
-        J = hyper.get("n_groups")
-        if J is not None:
-            if isinstance(J, bool) or not isinstance(J, int | np.integer) or J < 1:
-                raise ValueError(f"n_groups: expected a positive integer or None (max(group) + 1), got {J!r}")
-            if group.max() >= J:
-                raise ValueError(f"data['group']: group index {int(group.max())} is out of range for "
-                                 f"n_groups = {J} (expected integers in 0..{J - 1})")
+    if data.get("group") is not None and hyper.get("n_groups") is not None:
+        group, J = np.asarray(data["group"]), hyper["n_groups"]
+        if group.dtype.kind not in "iu":
+            raise ValueError(f"n_groups: with n_groups given, data['group'] must hold the group indices 0..{J - 1} "
+                             f"(integers), got labels of dtype {group.dtype}; leave n_groups=None to number labels")
+        if group.max() >= J:
+            raise ValueError(f"data['group']: group index {int(group.max())} is out of range for "
+                             f"n_groups = {J} (expected integers in 0..{J - 1})")
     if data.get("A") is not None:
         zero = np.flatnonzero(np.all(np.asarray(data["A"]) == 0, axis=0))
         if zero.size:
@@ -377,17 +393,45 @@ def coords(data, hyper):
     return out
 
 
+# A column whose range is this many times the range of the bulk of its values is rejected (``squeezed_columns``):
+# the bulk then lies in an interval of width < 1e-4 after rescaling to [0, 1], where resolving it takes an inverse
+# length-scale > 1e4, more than 3000 prior sds (var_lam0 = 10). Above SQUEEZE_WARNING a warning is given.
+MAX_SQUEEZE = 1e4
+SQUEEZE_WARNING = 1e2
+
+
+def squeezed_columns(X):
+    """``[(column, ratio)]`` for the columns of X whose rescaling to [0, 1] squeezes the bulk of the values:
+    ratio = range of the column / range of its bulk, the bulk being the larger side (in count) of the widest
+    gap between consecutive distinct values. Columns with fewer than 3 distinct values are never squeezed;
+    only ratios above ``SQUEEZE_WARNING`` are listed."""
+    out = []
+    for col in range(X.shape[1]):
+        v = np.unique(X[:, col])
+        if len(v) < 3:
+            continue
+        gap = int(np.argmax(np.diff(v)))
+        below = np.searchsorted(np.sort(X[:, col]), v[gap], side="right")
+        bulk = v[:gap + 1] if below >= X.shape[0] - below else v[gap + 1:]
+        with np.errstate(over="ignore", divide="ignore"):
+            ratio = float((v[-1] - v[0]) / (bulk[-1] - bulk[0])) if bulk[-1] > bulk[0] else np.inf
+        if ratio > SQUEEZE_WARNING:
+            out.append((col, ratio))
+    return out
+
+
 HYPER_COMMON = {
     "m": Hyper(10, "positive_int", "number of spectral points (2m basis functions; notes E13 default 10)"),
     "spectral_seed": Hyper(0, "nonnegative_int", "seed of the fixed spectral points s_r ~ N(0, I_d)"),
     "A_sigma": Hyper(25.0, "positive", "half-Cauchy scale of the signal sd sigma"),
     "A_tau": Hyper(25.0, "positive", "half-Cauchy scale of each random-effect sd tau_t"),
-    "mu_lam0": Hyper(0.0, "any", "prior mean of every inverse length-scale lam_k"),
+    "mu_lam0": Hyper(0.0, "real", "prior mean of every inverse length-scale lam_k"),
     "var_lam0": Hyper(10.0, "positive", "prior variance of every lam_k (inputs scaled to [0, 1], no 2 pi)"),
     "var_fixed": Hyper(100.0, "positive", "prior variance of the intercept beta0"),
     "var_beta": Hyper(10.0, "positive", "prior variance of the coefficients of an explicit design A"),
     "random_slopes": Hyper((), "any", "X columns that get a random slope per group (besides the intercept)"),
-    "n_groups": Hyper(None, "any", "number of groups J (None: max(group) + 1)"),
+    "n_groups": Hyper(None, "positive_int|None", "number of groups J, data['group'] then holds the indices "
+                                                 "0..J-1 (None: J = number of distinct group labels)"),
 }
 DIMS = {"lam": ["input"], "alpha_raw": ["basis"], "b_raw": ["group", "re_term"], "tau": ["re_term"],
         "beta": ["A_col"], "y": ["obs"]}
@@ -400,7 +444,8 @@ def _fields(binary):
     return (
         DataField("X", ("n", "d"), doc="inputs (rescaled to [0, 1] per column inside the model)"),
         DataField("y", ("n",), kind="binary" if binary else "float", doc="0/1 responses" if binary else "responses"),
-        DataField("group", ("n",), kind="index", optional=True, doc="group label of each observation (0..J-1)"),
+        DataField("group", ("n",), kind="index", optional=True,
+                  doc="group label of each observation (integers or strings)"),
         DataField("A", ("n", "s"), optional=True, doc="explicit design matrix with N(0, var_beta) coefficients"),
     )
 
