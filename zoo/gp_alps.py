@@ -441,5 +441,9 @@ SPEC = register(ModelSpec(
     demo_options={"nuts": {"num_warmup": 300, "num_samples": 300}, "svi": {"num_steps": 3000},
                   "vbem": {"max_iter": 200}, "gibbs": {"num_warmup": 500, "num_samples": 1000},
                   "svi_concrete": {"num_steps": 3000}},
-    reference_options={"num_warmup": 500, "num_samples": 1000, "num_chains": 2, "target_accept_prob": 0.9},
+    reference_options={"num_warmup": 1000, "num_samples": 2000, "num_chains": 4, "target_accept_prob": 0.9,
+                       "kernels": "square_wave", "theta": 0.5, "s": 1.0, "sigma2": None, "a0": 2.0, "b0": 0.1,
+                       "rank_tol": 1e-9},
+    # switch probabilities near 0/1: the NUTS reference is validated against the exact collapsed Gibbs kernel
+    reference_crosscheck=("gibbs", {"num_warmup": 2000, "num_samples": 100000, "num_chains": 4}),
 ))
