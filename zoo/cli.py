@@ -259,8 +259,11 @@ def references(
             "default": (spec.default_data()[0], dict(spec.reference_options))}
         for tag, (data, options) in sets.items():
             label = f"{name}/{tag}"
+            path = refs.reference_path(name, tag)
+            if path.is_file():   # regenerate on the stored arrays when a re-simulation matches them (other last bits)
+                stored = refs.data_of(inference.load(path))
+                data = stored if refs.data_mismatch(spec, stored, data) is None else data
             if check:
-                path = refs.reference_path(name, tag)
                 problems = refs.verify(inference.load(path)) if path.is_file() else ["not stored"]
                 typer.echo(f"{label}: " + ("ok" if not problems else "; ".join(problems)))
                 refused += [label] if problems else []
