@@ -60,7 +60,7 @@ notebooks: $(STAMP)
 	$(PY) -m notebooks.build
 
 references: $(STAMP)
-	$(VENV)/bin/zoo references $(MODELS) $(if $(FORCE),--force,)
+	OPENBLAS_NUM_THREADS=1 $(VENV)/bin/zoo references $(MODELS) $(if $(FORCE),--force,)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

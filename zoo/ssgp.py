@@ -193,7 +193,9 @@ def coefficient_sd(m, sigma, var_fixed, s=0, var_beta=10.0, tau=None, n_groups=0
 
 def _coefficient_posterior(Phi, sd, y, gamma):
     """(Cholesky factor L of the precision P = diag(sd^-2) + Phi^T Phi / gamma^2, mean of c | rest, y, and
-    log N(y | 0, gamma^2 I + Phi diag(sd^2) Phi^T)) by the matrix determinant lemma and Woodbury."""
+    log N(y | 0, gamma^2 I + Phi diag(sd^2) Phi^T)) by the matrix determinant lemma and Woodbury:
+    log|.| = log|diag(sd^2)| + log|P| + n log gamma^2, y^T (.)^-1 y = y^T y / gamma^2 - b^T P^-1 b with
+    b = Phi^T y / gamma^2."""
     g2 = gamma ** 2
     L = jnp.linalg.cholesky(jnp.diag(sd ** -2.0) + Phi.T @ Phi / g2)
     w = jax.scipy.linalg.solve_triangular(L, Phi.T @ y / g2, lower=True)
