@@ -405,6 +405,22 @@ def reference_data(name: str, tag: str | None = None) -> tuple[dict[str, np.ndar
                      f"{REFERENCE_DIR} (make references)")
 
 
+def rerun_second_seed(tree: xr.DataTree, progress: bool | None = None) -> dict:
+    """Rerun a stored reference's second NUTS run (its recorded settings, reference seed + 1, on its stored data)
+    and compare it with the stored draws (``diagnostics.health.agreement``); adds ``health`` (the rerun's
+    ``mcmc_health``). On another machine or package version the rerun's draws differ in their last bits and
+    then entirely, so it checks the statistics, not the numbers, of the record."""
+    from diagnostics.health import agreement, mcmc_health
+    from diagnostics.scorecard import compared_posterior
+
+    record = json.loads(tree.attrs["validation"])
+    spec = zoo.get(tree.attrs["model"])
+    rerun = _thin(fit(spec, data_of(tree), "nuts", seed=record["seeds"]["second_seed"], progress=progress,
+                      **record["settings"]), MAX_DRAWS)
+    ds = compared_posterior(rerun)
+    return {**agreement(compared_posterior(tree), ds), "health": mcmc_health(rerun, ds)}
+
+
 def get_or_generate(name: str, data: Mapping[str, Any] | None = None, *, tag: str = "default",
                     **options: Any) -> xr.DataTree:
     """The stored reference when it matches ``data``, else a fresh one (generated and stored)."""

@@ -15,9 +15,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro.distributions as dist
 import pytest
+from numpyro.handlers import seed, trace
 from numpyro.infer.util import log_density
-from scipy import stats
+from scipy import integrate, stats
 
 import inference
 import zoo
@@ -148,7 +150,10 @@ def _ssgp_draw(rng, kw, folded=False, **extra):
 
 
 @pytest.mark.parametrize("name", ["ssgp_lmm", "ssgp_logit", "ssgp_probit"])
-def test_ssgp_sign_symmetry_is_exact_and_the_fold_doubles_the_density(name):
+def test_ssgp_sign_symmetry_is_exact_and_the_mapped_sign_is_a_fair_coin(name):
+    """The model's log density is invariant under T: (lam, sin-weights) -> (-lam, -sin-weights) (so the folded
+    half with density 2p, restored by a random T, is exact); the fold's prior is twice N(0, var_lam0) on the half
+    line; mapped draws take each sign with probability 1/2 and keep |lam|."""
     spec, data, hyper, kw = _ssgp_problem(name)
     rng = np.random.default_rng(0)
     extra = {"gamma": jnp.asarray(0.4)} if name == "ssgp_lmm" else {}
@@ -156,10 +161,13 @@ def test_ssgp_sign_symmetry_is_exact_and_the_fold_doubles_the_density(name):
     m = kw["S"].shape[0]
     flipped = {**draw, "lam": -draw["lam"], "alpha_raw": draw["alpha_raw"].at[m:].multiply(-1.0)}
     assert _log_density(ssgp.model, kw, flipped) == pytest.approx(_log_density(ssgp.model, kw, draw), rel=1e-12)
-    folded = {**{k: v for k, v in draw.items() if k != "lam"}, "lam_fold": draw["lam"][0]}
-    assert _log_density(ssgp.model_folded, kw, folded) == pytest.approx(
-        _log_density(ssgp.model, kw, draw) + np.log(2.0), rel=1e-12)
-    signs = [float(ssgp.folded_to_sites(k, folded, kw)["lam"][0]) for k in jax.random.split(jax.random.key(1), 400)]
+    assert float(dist.HalfNormal(np.sqrt(kw["var_lam0"])).log_prob(2.7)) == pytest.approx(
+        float(dist.Normal(0.0, np.sqrt(kw["var_lam0"])).log_prob(2.7)) + np.log(2.0), rel=1e-12)
+    aug = {"gaussian": jnp.asarray(0.4), "probit": jnp.zeros(len(kw["y"])), "logit": jnp.full(len(kw["y"]), 0.3)}
+    folded = {"lam_fold": jnp.asarray(2.7), "sigma": jnp.asarray(1.3), "tau": jnp.asarray([0.6]),
+              ssgp.AUGMENTATION[kw["likelihood"]]: aug[kw["likelihood"]]}
+    signs = [float(ssgp.collapsed_to_sites(k, folded, kw)["lam"][0])
+             for k in jax.random.split(jax.random.key(1), 400)]
     assert 160 < sum(s > 0 for s in signs) < 240          # Binomial(400, 1/2): 4.0 sd either side
     assert set(np.round(np.abs(signs), 12)) == {2.7}
 
@@ -170,7 +178,7 @@ def test_ssgp_gaussian_marginal_equals_scipy():
     Phi = np.asarray(ssgp.linear_design(kw["X"], kw["S"], lam, None, kw["group"], kw["C"], kw["n_groups"]))
     sd = np.asarray(ssgp.coefficient_sd(kw["S"].shape[0], sigma, kw["var_fixed"], 0, kw["var_beta"], tau,
                                         kw["n_groups"]))
-    _, _, got = ssgp._coefficient_posterior(jnp.asarray(Phi), jnp.asarray(sd), jnp.asarray(kw["y"]), gamma)
+    _, _, got = ssgp._coefficient_posterior(jnp.asarray(Phi), jnp.asarray(sd), jnp.asarray(kw["y"]), gamma ** 2)
     cov = gamma ** 2 * np.eye(len(kw["y"])) + Phi @ np.diag(sd ** 2) @ Phi.T
     assert float(got) == pytest.approx(stats.multivariate_normal(np.zeros(len(cov)), cov).logpdf(kw["y"]), rel=1e-10)
     # the design reproduces the model's linear predictor: eta = Phi c with c = (alpha, beta0, b)
@@ -242,6 +250,51 @@ def test_probit_collapsed_density_is_the_augmented_model_with_c_integrated_out()
     assert np.isfinite(_log_density(ssgp.model, kw, sites))
 
 
+def test_polya_gamma_density_is_normalised_with_its_known_mean_and_laplace_transform():
+    """PG(1, 0) (``log_polya_gamma``) by quadrature: total mass 1, mean 1/4, E[exp(-omega eta^2 / 2)] =
+    1 / cosh(eta / 2) (Polson, Scott & Windle 2013, their eq. 5), each to 1e-9; continuous where the two series
+    meet (omega = 0.16)."""
+    pdf = np.vectorize(lambda w: float(jnp.exp(ssgp.log_polya_gamma(jnp.asarray(w)))))
+    quad = lambda f: integrate.quad(f, 0, np.inf, limit=200, epsabs=1e-13, epsrel=1e-12)[0]
+    assert quad(pdf) == pytest.approx(1.0, abs=1e-9)
+    assert quad(lambda w: w * pdf(w)) == pytest.approx(0.25, abs=1e-9)
+    for eta in (0.5, 2.0, 5.0):
+        assert quad(lambda w, e=eta: np.exp(-w * e ** 2 / 2) * pdf(w)) == pytest.approx(1 / np.cosh(eta / 2),
+                                                                                        abs=1e-9)
+    left, right = (float(ssgp.log_polya_gamma(jnp.asarray(0.16 + d))) for d in (-1e-9, 1e-9))
+    assert abs(left - right) < 1e-7                           # slope ~ -4.7: 1e-8 from the step alone
+
+
+def test_logit_collapsed_density_is_the_augmented_model_with_c_integrated_out():
+    """Polya-Gamma: sum_i [log PG(omega_i) - log 2 + kappa_i eta_i - omega_i eta_i^2 / 2] + log p(c | theta)
+    - log p(c | omega, theta) equals the collapsed model's factor at a mapped draw (c drawn given omega), to
+    1e-9; and integrating omega out of one observation's factor gives the logistic likelihood (quadrature)."""
+    spec, data, hyper, kw = _ssgp_problem("ssgp_logit")
+    m, J, n = kw["S"].shape[0], kw["n_groups"], len(kw["y"])
+    rng = np.random.default_rng(7)
+    draw = {"lam_fold": jnp.asarray(2.9), "sigma": jnp.asarray(1.1), "tau": jnp.asarray([0.8]),
+            "omega": jnp.asarray(rng.uniform(0.05, 0.5, n))}
+    sites = ssgp.collapsed_to_sites(jax.random.key(8), draw, kw)
+    omega, kappa = np.asarray(draw["omega"]), kw["y"] - 0.5
+    Phi = np.asarray(ssgp.linear_design(kw["X"], kw["S"], sites["lam"], None, kw["group"], kw["C"], J))
+    sd = np.asarray(ssgp.coefficient_sd(m, 1.1, kw["var_fixed"], 0, kw["var_beta"], draw["tau"], J))
+    c = np.concatenate([np.asarray(sites["alpha_raw"]) * 1.1 / np.sqrt(m), [float(sites["beta0"])],
+                        (np.asarray(sites["b_raw"]) * 0.8).ravel()])
+    eta = Phi @ c
+    P = np.diag(sd ** -2.0) + Phi.T @ (omega[:, None] * Phi)
+    log_pg = np.asarray(ssgp.log_polya_gamma(draw["omega"]))
+    lhs = (np.sum(log_pg - np.log(2) + kappa * eta - omega * eta ** 2 / 2) + stats.norm(0, sd).logpdf(c).sum()
+           - stats.multivariate_normal(np.linalg.solve(P, Phi.T @ kappa), np.linalg.inv(P)).logpdf(c))
+    t, v, log_c = ssgp._pseudo_data("logit", kw["y"], draw["omega"])
+    rhs = float(log_c + ssgp._coefficient_posterior(jnp.asarray(Phi), jnp.asarray(sd), t, v)[2])
+    assert lhs == pytest.approx(rhs, rel=1e-9)
+    pdf = lambda w: float(jnp.exp(ssgp.log_polya_gamma(jnp.asarray(w))))
+    for y, e in ((1.0, 1.3), (0.0, 1.3), (1.0, -2.2)):
+        got = integrate.quad(lambda w, y=y, e=e: 0.5 * np.exp((y - 0.5) * e - w * e ** 2 / 2) * pdf(w), 0,
+                             np.inf, limit=200, epsabs=1e-13)[0]
+        assert got == pytest.approx(np.exp(y * e) / (1 + np.exp(e)), rel=1e-9)
+
+
 def test_nuts_uses_the_reformulation_and_returns_the_model_sites():
     data, _ = zoo.get("bpca").simulate(0, N=30, D=4, M=2, scales=(2.0, 1.0), num_nodes=1)
     tree = inference.fit("bpca", data, "nuts", seed=0, M=2, num_warmup=50, num_samples=50, num_chains=1,
@@ -253,8 +306,11 @@ def test_nuts_uses_the_reformulation_and_returns_the_model_sites():
     assert plain.attrs["nuts_reformulation"] == ""
     with pytest.raises(ValueError, match="reformulate"):
         inference.fit("bpca", data, "nuts", seed=0, M=2, reformulate="yes")
-    spec = zoo.get("ssgp_logit")
-    assert not spec.nuts_reformulation.applies({"mu_lam0": 0.5})  # no sign symmetry off 0: the plain model runs
+    # off mu_lam0 = 0 there is no sign symmetry: the collapsed models sample lam itself (site "lam")
+    spec, data, hyper, kw = _ssgp_problem("ssgp_lmm")
+    kw = {**kw, "mu_lam0": 0.5}
+    tr = trace(seed(ssgp.model_collapsed, 0)).get_trace(**kw)
+    assert "lam" in tr and "lam_fold" not in tr
 
 
 # --------------------------------------------------------------------------------------------------
@@ -265,6 +321,7 @@ SMALL = {
     "bpca": (lambda: zoo.get("bpca").simulate(1, N=40, D=5, M=2, scales=(2.0, 1.0), num_nodes=1)[0], {"M": 2}),
     "ssgp_lmm": (lambda: zoo.get("ssgp_lmm").simulate(1, n_groups=4, per_group=10)[0], {"m": 3}),
     "ssgp_probit": (lambda: zoo.get("ssgp_probit").simulate(1, n_groups=5, per_group=10)[0], {"m": 3}),
+    "ssgp_logit": (lambda: zoo.get("ssgp_logit").simulate(1, n_groups=5, per_group=10)[0], {"m": 3}),
 }
 
 

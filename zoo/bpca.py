@@ -24,6 +24,26 @@ largest principal angle, in degrees; erratum E36).
 W is identified only up to rotation/sign (exactly rotation-invariant when alpha is isotropic), so
 ``summaries`` gives rotation-invariant quantities for comparing methods: mu, tau, alpha, the row norms
 diag(W W^T) and the singular values of W.
+
+NUTS geometry (``ModelSpec.nuts_reformulation``, ``MARGINAL``; every ``nuts`` run of this model samples it
+and maps the draws back to (mu, W, tau, z), ``inference.nuts``). Sampled plainly, (z, W, tau) form a funnel
+and W a rotation orbit: the old reference (2 chains x 2000, dense mass, target 0.9) had 31 divergences, bulk
+ESS 355 and ~980 leapfrog steps per draw.
+
+* z integrated out: y_n,o | mu, W, tau ~ N(mu_o, W_o W_o^T + I / tau) on each row's observed set o. With
+  A_n = I_M + tau W_o^T W_o and b_n = W_o^T (y_n,o - mu_o): log|W_o W_o^T + I/tau| = log|A_n| - |o| log tau and
+  the quadratic form is tau ||y_n,o - mu_o||^2 - tau^2 b_n^T A_n^-1 b_n (determinant lemma, Woodbury; O(N D M^2)).
+  Each draw gets z_n ~ N(tau A_n^-1 b_n, A_n^-1), its exact conditional.
+* Rotation folded (alpha fixed and equal for every column, ``is_isotropic``; the prior and the marginal
+  likelihood then depend on W only through W W^T). W = L Q with L lower trapezoidal (zeros above the
+  diagonal) in the row order ``_row_order`` and Q Haar on O(M): the Jacobian is prod_i |l_ii|^(M - i) (Muirhead
+  1982, thm 2.1.13), so NUTS samples L (sites ``L_diag``, ``L_low``) from N(L | 0, 1/alpha) prod_i
+  |l_ii|^(M - i) x the marginal likelihood, and each draw is mapped to W = L Q with a fresh Haar Q (Mezzadri
+  2007). Any fixed choice of the M triangle rows is exact; the pivoted-Cholesky rows of the data covariance
+  (``pivot_rows``) keep every l_ii away from 0 (with the first rows, |w_1| ~ 0.3 put l_11 near 0: R-hat 1.05).
+  The diagonal entries keep both signs (sign flips of L's columns are absorbed by Q); constraining them to
+  be positive trapped chains at l_22 ~ 0 (the other rows' column on the wrong side).
+  Result on the demo data: 0 divergences, ~45 leapfrog steps per draw, bulk ESS ~2000 from 4 x 2000 draws.
 """
 
 from __future__ import annotations

@@ -41,20 +41,18 @@ reformulations and maps the draws back to the sites above, ``inference.nuts``):
   This removes the (sigma, alpha_raw) and (tau, b_raw) funnels and the curved (lam, alpha) ridge
   (2 x 3000 iterations of the plain model: 7 divergences, step size 0.012, ~340 leapfrog steps per draw;
   collapsed: 0 divergences, step size ~0.3, ~10 steps).
-* Albert-Chib augmentation, then the same (``ssgp_probit``). y_i = 1{y*_i > 0} with y* = eta + N(0, I) is
-  the probit model exactly; with c integrated out y* ~ N(0, I + Phi diag(sd^2) Phi^T) on the orthant
-  sign(y*_i) = 2 y_i - 1. NUTS samples v (site ``ystar_raw``), y*_i = (2 y_i - 1) softplus(v_i) (log Jacobian
-  sum log sigmoid(v_i)), with (lam, sigma, tau); c ~ N(P^-1 Phi^T y*, P^-1) per draw (gamma = 1). The
-  logit model has no such Gaussian augmentation and is sampled folded only.
-
-Data contract: ``X`` (n, d) inputs, ``y`` (n,) responses (0/1 for the binary models), optional ``group``
-(n,) integer labels 0..J-1 (random intercepts, and random slopes on the columns named by the
-hyperparameter ``random_slopes``), optional ``A`` (n, s) an explicit design matrix with N(0, var_beta)
-coefficients. Without ``group`` and ``A`` the model is a plain SSGP regression/classifier with intercept.
-
-Symmetry: (lam, sin-weights) -> (-lam, -sin-weights) leaves the model unchanged (notes §2.1, E17), so
-posteriors are compared in function space: ``summaries`` reports the population curve
-g(x) = beta0 + f(x) on a 50-point grid, |lam|, sigma, tau, gamma and the random effects b.
+* Gaussian augmentations of the binary likelihoods, then the same. Probit (Albert & Chib 1993): y_i =
+  1{y*_i > 0} with y* = eta + N(0, I) is the probit model exactly; with c integrated out y* ~ N(0, I + Phi
+  diag(sd^2) Phi^T) on the orthant sign(y*_i) = 2 y_i - 1. NUTS samples u (site ``ystar_raw``), y*_i =
+  (2 y_i - 1) softplus(u_i) (log Jacobian sum log sigmoid(u_i)), with (lam, sigma, tau). Logit (Polya-Gamma,
+  Polson, Scott & Windle 2013): Bernoulli(y_i | logit^-1 eta_i) = int 1/2 exp(kappa_i eta_i - omega_i eta_i^2
+  / 2) PG(omega_i | 1, 0) d omega_i, kappa = y - 1/2, i.e. N(kappa_i / omega_i | eta_i, 1 / omega_i) up to
+  factors free of eta; NUTS samples omega (site ``omega``, density ``log_polya_gamma``) with (lam, sigma, tau)
+  and c integrated out. Each draw gets c ~ N(P^-1 Phi^T (t / v), P^-1) with t = y*, v = 1 (probit) or t =
+  kappa / omega, v = 1 / omega (logit) (``_pseudo_data``). Sampled folded only, the logit model kept 11
+  divergences, R-hat 1.011 and tail ESS 344 on sigma in 4 x 3000 draws (~260 leapfrog steps per draw); the
+  probit model 29 divergences in 4 x 1000 at target_accept 0.99 (~560 steps). Augmented and collapsed: 0
+  divergences, ~31 steps, bulk ESS ~0.6-0.75 per draw.
 """
 
 from __future__ import annotations
@@ -151,23 +149,6 @@ def _unfold(key, draw, d):
     return s * lam, s
 
 
-def model_folded(X, S, y=None, A=None, group=None, C=None, n_groups=0, *, likelihood="gaussian", A_sigma=25.0,
-                 A_gamma=25.0, A_tau=25.0, mu_lam0=0.0, var_lam0=10.0, var_fixed=100.0, var_beta=10.0):
-    """``model`` on the half space lam_0 >= 0 (needs mu_lam0 = 0): density 2 p(theta | y) there."""
-    lam = _folded_lam(X.shape[1], var_lam0)
-    _given_lam(lam, X, S, y, A, group, C, n_groups, likelihood, A_sigma, A_gamma, A_tau, var_fixed, var_beta)
-
-
-def folded_to_sites(key, draw, model_kwargs):
-    """A draw of ``model_folded`` -> a draw of ``model``: (lam, sin-weights) -> s (lam, sin-weights)."""
-    lam, s = _unfold(key, draw, model_kwargs["X"].shape[1])
-    m = model_kwargs["S"].shape[0]
-    out = {k: v for k, v in draw.items() if k not in ("lam_fold", "lam_rest")}
-    out["lam"] = lam
-    out["alpha_raw"] = draw["alpha_raw"].at[m:].multiply(s)
-    return out
-
-
 def linear_design(X, S, lam, A=None, group=None, C=None, n_groups=0):
     """Phi (n, p): every column eta is linear in given lam, [Z(lam) (2m) | 1 | A (s) | C[:, t] 1{group = j} for
     (j, t) in row-major (J, T) order], so eta = Phi c with c = (alpha, beta0, beta, b.ravel())."""
@@ -191,29 +172,74 @@ def coefficient_sd(m, sigma, var_fixed, s=0, var_beta=10.0, tau=None, n_groups=0
     return jnp.concatenate(parts)
 
 
-def _coefficient_posterior(Phi, sd, y, gamma):
-    """(Cholesky factor L of the precision P = diag(sd^-2) + Phi^T Phi / gamma^2, mean of c | rest, y, and
-    log N(y | 0, gamma^2 I + Phi diag(sd^2) Phi^T)) by the matrix determinant lemma and Woodbury:
-    log|.| = log|diag(sd^2)| + log|P| + n log gamma^2, y^T (.)^-1 y = y^T y / gamma^2 - b^T P^-1 b with
-    b = Phi^T y / gamma^2."""
-    g2 = gamma ** 2
-    L = jnp.linalg.cholesky(jnp.diag(sd ** -2.0) + Phi.T @ Phi / g2)
-    w = jax.scipy.linalg.solve_triangular(L, Phi.T @ y / g2, lower=True)
+def _coefficient_posterior(Phi, sd, t, noise_var):
+    """(Cholesky factor L of P = diag(sd^-2) + Phi^T diag(1/v) Phi, mean P^-1 b of c | t, with b = Phi^T (t / v),
+    and log N(t | 0, diag(v) + Phi diag(sd^2) Phi^T)) for noise variances v (``noise_var``, a scalar or one per
+    observation), by the matrix determinant lemma and Woodbury: log|.| = log|diag(sd^2)| + log|P| + sum log v,
+    t^T (.)^-1 t = t^T (t / v) - b^T P^-1 b."""
+    v = jnp.broadcast_to(noise_var, t.shape)
+    L = jnp.linalg.cholesky(jnp.diag(sd ** -2.0) + Phi.T @ (Phi / v[:, None]))
+    w = jax.scipy.linalg.solve_triangular(L, Phi.T @ (t / v), lower=True)
     mean = jax.scipy.linalg.solve_triangular(L.T, w, lower=False)
-    n = y.shape[0]
-    logdet = 2.0 * jnp.sum(jnp.log(sd)) + 2.0 * jnp.sum(jnp.log(jnp.diag(L))) + n * jnp.log(g2)
-    log_marginal = -0.5 * (n * jnp.log(2 * jnp.pi) + logdet + y @ y / g2 - w @ w)
+    logdet = 2.0 * jnp.sum(jnp.log(sd)) + 2.0 * jnp.sum(jnp.log(jnp.diag(L))) + jnp.sum(jnp.log(v))
+    log_marginal = -0.5 * (t.shape[0] * jnp.log(2 * jnp.pi) + logdet + t @ (t / v) - w @ w)
     return L, mean, log_marginal
+
+
+PG_TERMS = 12
+
+
+def log_polya_gamma(omega, n_terms=PG_TERMS):
+    """log density of the Polya-Gamma PG(1, 0) distribution at ``omega`` > 0 (Polson, Scott & Windle 2013):
+    PG(1, 0) = J*(1) / 4 with the J* density sum_n (-1)^n a_n(x), a_n(x) = pi (n + 1/2) (2 / (pi x))^(3/2)
+    exp(-2 (n + 1/2)^2 / x) for x <= 0.64 and pi (n + 1/2) exp(-(n + 1/2)^2 pi^2 x / 2) above (their eq. for the
+    sampler; both series are exact, each converges fast on its side: a_1/a_0 < 0.006 at x = 0.64). Summed as
+    a_0 (1 + sum_n>=1 (-1)^n a_n / a_0) with 12 terms (the next is below 1e-300 relative)."""
+    x = 4.0 * omega
+    n = jnp.arange(1, n_terms)
+    sign = jnp.where(n % 2 == 1, -1.0, 1.0)
+    small = x <= 0.64
+    xs = jnp.where(small, x, 0.64)                 # each branch evaluated only where it is used (finite grads)
+    xl = jnp.where(small, 0.64, x)
+    log_a0_small = jnp.log(jnp.pi / 2) + 1.5 * jnp.log(2.0 / (jnp.pi * xs)) - 0.5 / xs
+    log_a0_large = jnp.log(jnp.pi / 2) - jnp.pi ** 2 * xl / 8.0
+    ratio_small = jnp.sum(sign * (2 * n + 1) * jnp.exp(-2.0 * n * (n + 1) / xs[..., None]), axis=-1)
+    ratio_large = jnp.sum(sign * (2 * n + 1) * jnp.exp(-(jnp.pi ** 2) * n * (n + 1) * xl[..., None] / 2.0),
+                          axis=-1)
+    log_j = jnp.where(small, log_a0_small + jnp.log1p(ratio_small), log_a0_large + jnp.log1p(ratio_large))
+    return jnp.log(4.0) + log_j
+
+
+def _pseudo_data(likelihood, y, site):
+    """(t, v, log c) with p(y | eta) = c x N(t | eta, diag(v)) given the augmentation ``site`` (module docstring):
+    Gaussian: t = y, v = gamma^2, c = 1; probit (Albert-Chib): t = y* = (2y - 1) softplus(u), v = 1, c = the
+    Jacobian of u -> y*; logit (Polya-Gamma): t = kappa / omega, v = 1 / omega, kappa = y - 1/2, and
+    1/2 exp(kappa eta - omega eta^2 / 2) PG(omega) = PG(omega) exp(kappa^2 / (2 omega)) sqrt(2 pi / omega) / 2
+    x N(kappa / omega | eta, 1 / omega)."""
+    y = jnp.asarray(y, dtype=float)
+    if likelihood == "gaussian":
+        return y, site ** 2, 0.0
+    if likelihood == "probit":
+        return (2.0 * y - 1.0) * jax.nn.softplus(site), 1.0, jnp.sum(jax.nn.log_sigmoid(site))
+    kappa = y - 0.5
+    log_c = jnp.sum(log_polya_gamma(site) + kappa ** 2 / (2 * site) + 0.5 * jnp.log(2 * jnp.pi / site) - jnp.log(2.0))
+    return kappa / site, 1.0 / site, log_c
+
+
+AUGMENTATION = {"gaussian": "gamma", "probit": "ystar_raw", "logit": "omega"}
 
 
 def model_collapsed(X, S, y=None, A=None, group=None, C=None, n_groups=0, *, likelihood="gaussian", A_sigma=25.0,
                     A_gamma=25.0, A_tau=25.0, mu_lam0=0.0, var_lam0=10.0, var_fixed=100.0, var_beta=10.0):
-    """``model`` with c = (alpha, beta0, beta, b) integrated out (lam folded when mu_lam0 = 0).
+    """``model`` with c = (alpha, beta0, beta, b) integrated out (lam folded when mu_lam0 = 0), given the
+    likelihood's Gaussian augmentation (``_pseudo_data``):
 
     Gaussian: y | lam, sigma, tau, gamma ~ N(0, gamma^2 I + Phi(lam) diag(sd^2) Phi(lam)^T).
-    Probit (Albert & Chib 1993): y_i = 1{y*_i > 0}, y* = eta + eps, eps ~ N(0, I), so with c integrated out
-    y* | lam, sigma, tau ~ N(0, I + Phi diag(sd^2) Phi^T) restricted to sign(y*_i) = 2 y_i - 1; NUTS samples
-    v (site ``ystar_raw``) with y*_i = (2 y_i - 1) softplus(v_i) (Jacobian sigmoid(v_i))."""
+    Probit (Albert & Chib 1993): y_i = 1{y*_i > 0}, y* = eta + N(0, I), so y* | lam, sigma, tau ~ N(0, I + Phi
+    diag(sd^2) Phi^T) on the orthant sign(y*_i) = 2 y_i - 1; NUTS samples u (site ``ystar_raw``),
+    y*_i = (2 y_i - 1) softplus(u_i).
+    Logit (Polson, Scott & Windle 2013): Bernoulli(y | logit^-1 eta) = int 1/2 exp(kappa eta - omega eta^2 / 2)
+    PG(omega | 1, 0) d omega per observation, Gaussian in eta given omega (site ``omega``)."""
     d, m = X.shape[1], S.shape[0]
     if mu_lam0 == 0.0:
         lam = _folded_lam(d, var_lam0)
@@ -224,21 +250,20 @@ def model_collapsed(X, S, y=None, A=None, group=None, C=None, n_groups=0, *, lik
     if group is not None:
         with numpyro.plate("re_term", C.shape[1]):
             tau = numpyro.sample("tau", dist.HalfCauchy(A_tau))
-    if likelihood == "gaussian":
-        gamma, target = numpyro.sample("gamma", dist.HalfCauchy(A_gamma)), y
-    else:
-        v = numpyro.sample("ystar_raw", dist.ImproperUniform(dist.constraints.real, (), (X.shape[0],)))
-        numpyro.factor("ystar_jacobian", jnp.sum(jax.nn.log_sigmoid(v)))
-        gamma, target = 1.0, (2.0 * y - 1.0) * jax.nn.softplus(v)
+    n = X.shape[0]
+    site = {"gaussian": lambda: numpyro.sample("gamma", dist.HalfCauchy(A_gamma)),
+            "probit": lambda: numpyro.sample("ystar_raw", dist.ImproperUniform(dist.constraints.real, (), (n,))),
+            "logit": lambda: numpyro.sample("omega", dist.ImproperUniform(dist.constraints.positive, (), (n,))),
+            }[likelihood]()
+    t, v, log_c = _pseudo_data(likelihood, y, site)
     Phi = linear_design(X, S, lam, A, group, C, n_groups)
     sd = coefficient_sd(m, sigma, var_fixed, 0 if A is None else A.shape[1], var_beta, tau, n_groups)
-    numpyro.factor("y", _coefficient_posterior(Phi, sd, target, gamma)[2])
+    numpyro.factor("y", log_c + _coefficient_posterior(Phi, sd, t, v)[2])
 
 
 def collapsed_to_sites(key, draw, model_kwargs):
     """A draw of ``model_collapsed`` -> a draw of ``model``: the sign restored (when folded), then
-    c ~ N(P^-1 Phi^T t / gamma^2, P^-1) (t = y, or y* with gamma = 1 for the probit model) and
-    alpha_raw = sqrt(m) alpha / sigma, b_raw = b / tau."""
+    c ~ N(P^-1 Phi^T (t / v), P^-1) (``_pseudo_data``) and alpha_raw = sqrt(m) alpha / sigma, b_raw = b / tau."""
     kw = model_kwargs
     X, S, A, group = kw["X"], kw["S"], kw.get("A"), kw.get("group")
     d, m = X.shape[1], S.shape[0]
@@ -246,19 +271,15 @@ def collapsed_to_sites(key, draw, model_kwargs):
     # c is drawn given the signed lam, so its sin half follows the sign by itself
     lam = _unfold(k_sign, draw, d)[0] if "lam_fold" in draw else draw["lam"]
     sigma, tau = draw["sigma"], draw.get("tau")
-    y = jnp.asarray(kw["y"], dtype=float)
-    if "gamma" in draw:
-        gamma, target = draw["gamma"], y
-    else:
-        gamma, target = 1.0, (2.0 * y - 1.0) * jax.nn.softplus(draw["ystar_raw"])
+    t, v, _ = _pseudo_data(kw["likelihood"], kw["y"], draw[AUGMENTATION[kw["likelihood"]]])
     n_beta = 0 if A is None else A.shape[1]
     Phi = linear_design(X, S, lam, A, group, kw.get("C"), kw.get("n_groups", 0))
     sd = coefficient_sd(m, sigma, kw["var_fixed"], n_beta, kw["var_beta"], tau, kw.get("n_groups", 0))
-    L, mean, _ = _coefficient_posterior(Phi, sd, target, gamma)
+    L, mean, _ = _coefficient_posterior(Phi, sd, t, v)
     c = mean + jax.scipy.linalg.solve_triangular(L.T, jax.random.normal(k_c, mean.shape), lower=False)
     out = {"lam": lam, "sigma": sigma, "alpha_raw": c[:2 * m] * jnp.sqrt(m) / sigma, "beta0": c[2 * m]}
-    if "gamma" in draw:
-        out["gamma"] = gamma
+    if kw["likelihood"] == "gaussian":
+        out["gamma"] = draw["gamma"]
     if n_beta:
         out["beta"] = c[2 * m + 1:2 * m + 1 + n_beta]
     if tau is not None:
@@ -267,10 +288,6 @@ def collapsed_to_sites(key, draw, model_kwargs):
     return out
 
 
-FOLDED = Reformulation(
-    name="ssgp_folded", model=model_folded, to_sites=folded_to_sites,
-    applies=lambda kw: float(kw["mu_lam0"]) == 0.0,
-    doc="lam_0 >= 0 (the lam -> -lam, sin-weights -> -sin-weights symmetry folded), sign restored at random")
 COLLAPSED = Reformulation(
     name="ssgp_collapsed", model=model_collapsed, to_sites=collapsed_to_sites,
     doc="alpha, beta0, beta, b integrated out (Gaussian marginal), drawn from their Gaussian conditional; "
@@ -279,6 +296,10 @@ COLLAPSED_PROBIT = Reformulation(
     name="ssgp_probit_collapsed", model=model_collapsed, to_sites=collapsed_to_sites,
     doc="Albert-Chib y* augmentation with alpha, beta0, beta, b integrated out (y* ~ N(0, I + Phi D Phi^T) on "
         "the orthant of y), c drawn from its Gaussian conditional given y*; lam_0 >= 0 folded when mu_lam0 = 0")
+COLLAPSED_LOGIT = Reformulation(
+    name="ssgp_logit_collapsed", model=model_collapsed, to_sites=collapsed_to_sites,
+    doc="Polya-Gamma omega augmentation with alpha, beta0, beta, b integrated out, c drawn from its Gaussian "
+        "conditional given omega; lam_0 >= 0 folded when mu_lam0 = 0")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -621,7 +642,7 @@ def _make_spec(name, likelihood, simulate, description, demo_sizes, reference_op
                       "vb": {"max_iter": 500}},
         reference_options=reference_options,
         reference_datasets=_reference_datasets(name),
-        nuts_reformulation={"gaussian": COLLAPSED, "probit": COLLAPSED_PROBIT, "logit": FOLDED}[likelihood],
+        nuts_reformulation={"gaussian": COLLAPSED, "probit": COLLAPSED_PROBIT, "logit": COLLAPSED_LOGIT}[likelihood],
     ))
     _SPECS[name] = spec
     return spec
@@ -637,9 +658,7 @@ SPEC_LOGIT = _make_spec(
     "ssgp_logit", "logit", simulate_logit,
     "GP logistic mixed model: y ~ Bernoulli(logit^-1(beta0 + Z(lam) alpha + random effects)); the VB "
     "kernel uses the Jaakkola-Jordan bound (notes §2.3).",
-    {"n_groups": 30, "per_group": 10},
-    # only folded (no Gaussian augmentation): ~260 leapfrog steps per draw, bulk ESS ~0.18 per draw on sigma
-    {**REFERENCE_NUTS, "num_samples": 3000})
+    {"n_groups": 30, "per_group": 10})
 SPEC_PROBIT = _make_spec(
     "ssgp_probit", "probit", simulate_probit,
     "GP probit mixed model: y ~ Bernoulli(Phi(beta0 + Z(lam) alpha + random effects)), with or without "
