@@ -308,8 +308,9 @@ def generate(name: str, data: Mapping[str, Any] | None = None, *, tag: str = "de
     save(main, path or reference_path(name, tag))
     for f in ("main.nc", "second_seed.nc", "crosscheck.nc"):
         (work / f).unlink(missing_ok=True)
-    if work.is_dir() and not any(work.iterdir()):
-        work.rmdir()
+    for folder in (work, work.parent):
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
     return main
 
 
