@@ -17,7 +17,8 @@ help:
 	@echo "make test-all    everything, including @pytest.mark.slow statistical runs and Ray"
 	@echo "make bench       run benchmarks/ and write benchmarks/results.md"
 	@echo "make notebooks   execute notebooks at full size into notebooks/_build/"
-	@echo "make references  regenerate stored NUTS reference posteriors (zoo/references/)"
+	@echo "make references  make the stored reference posteriors (zoo/references/): resumable, keeps healthy"
+	@echo "                 current ones, refuses unhealthy ones; MODELS='bpca ssgp_lmm' for some, FORCE=1 to redo"
 
 $(STAMP): pyproject.toml
 	@set -e; \
@@ -59,7 +60,7 @@ notebooks: $(STAMP)
 	$(PY) -m notebooks.build
 
 references: $(STAMP)
-	$(VENV)/bin/zoo references
+	OPENBLAS_NUM_THREADS=1 $(VENV)/bin/zoo references $(MODELS) $(if $(FORCE),--force,)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -3,11 +3,19 @@
 Discrete latent variables are marginalised inside the models, so NUTS runs on all of them.
 Defaults: 2 chains (in parallel on the two host devices), diagonal mass matrix (``dense_mass=True``
 for a dense one), initialisation from a prior draw (``init="prior"``) or the prior median.
+
+A model whose spec declares an exact ``nuts_reformulation`` (``zoo.Reformulation``: sites integrated
+out, a symmetry folded away) is sampled in those coordinates and its draws mapped back to the model's
+latent sites (``to_sites``), so every NUTS run of that model (the demo's, a user's, the stored reference)
+meets the better geometry and returns draws of the same sites with the same posterior. ``reformulate=False``
+samples the model itself (to check the two agree). Divergences and energies are those of the sampled
+coordinates; the tree's ``nuts_reformulation`` attr names the reformulation used ("" when none).
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from numpyro.infer import MCMC, NUTS
 
@@ -22,6 +30,8 @@ def _check(options: dict) -> None:
         raise ValueError(f"target_accept_prob: expected a number in (0, 1), got {options['target_accept_prob']!r}")
     if not isinstance(options["max_tree_depth"], int) or options["max_tree_depth"] < 1:
         raise ValueError(f"max_tree_depth: expected a positive integer, got {options['max_tree_depth']!r}")
+    if not isinstance(options["reformulate"], bool):
+        raise ValueError(f"reformulate: expected True or False, got {options['reformulate']!r}")
 
 
 def chain_method(num_chains: int) -> str:
@@ -32,19 +42,27 @@ def chain_method(num_chains: int) -> str:
 
 @register_method("nuts", kind="sampler", check=_check, options={
     "num_warmup": 1000, "num_samples": 1000, "num_chains": 2, "thinning": 1, "dense_mass": False,
-    "target_accept_prob": 0.8, "max_tree_depth": 10, "init": "prior",
+    "target_accept_prob": 0.8, "max_tree_depth": 10, "init": "prior", "reformulate": True,
 })
 def run_nuts(ctx: FitContext) -> Draws:
     """No-U-Turn sampler on the model's log density (Hoffman & Gelman 2014; NumPyro's implementation)."""
     o = ctx.options
-    kernel = NUTS(ctx.spec.model, dense_mass=o["dense_mass"], target_accept_prob=o["target_accept_prob"],
-                  max_tree_depth=o["max_tree_depth"], init_strategy=INIT_STRATEGIES[o["init"]])
+    kwargs = ctx.model_kwargs
+    reform = ctx.spec.nuts_reformulation
+    if reform is not None and not (o["reformulate"] and reform.applies(kwargs)):
+        reform = None
+    kernel = NUTS(reform.model if reform else ctx.spec.model, dense_mass=o["dense_mass"],
+                  target_accept_prob=o["target_accept_prob"], max_tree_depth=o["max_tree_depth"],
+                  init_strategy=INIT_STRATEGIES[o["init"]])
     mcmc = MCMC(kernel, num_warmup=o["num_warmup"], num_samples=o["num_samples"], num_chains=o["num_chains"],
                 thinning=o["thinning"], chain_method=chain_method(o["num_chains"]),
                 progress_bar=progress_enabled(o["progress"]))
-    mcmc.run(ctx.key, **ctx.model_kwargs,
+    mcmc.run(ctx.key, **kwargs,
              extra_fields=("diverging", "energy", "num_steps", "accept_prob", "adapt_state.step_size"))
-    samples = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
+    samples = mcmc.get_samples(group_by_chain=True)
+    if reform is not None:
+        samples = map_draws(reform, jax.random.fold_in(ctx.key, 1), samples, kwargs)
+    samples = {k: np.asarray(v) for k, v in samples.items()}
     extra = mcmc.get_extra_fields(group_by_chain=True)
     stats = {
         "diverging": np.asarray(extra["diverging"]),
@@ -54,4 +72,15 @@ def run_nuts(ctx: FitContext) -> Draws:
         "acceptance_rate": np.asarray(extra["accept_prob"]),
         "step_size": np.asarray(extra["adapt_state.step_size"]),
     }
-    return Draws(posterior=samples, sample_stats=stats)
+    return Draws(posterior=samples, sample_stats=stats,
+                 attrs={"nuts_reformulation": reform.name if reform else ""})
+
+
+def map_draws(reform, key, samples: dict, model_kwargs: dict, batch_size: int = 256) -> dict:
+    """``reform.to_sites`` applied to every draw of ``samples`` (leading (chain, draw) axes), one key per draw."""
+    n_chain, n_draw = next(iter(samples.values())).shape[:2]
+    flat = {k: jnp.reshape(v, (n_chain * n_draw, *v.shape[2:])) for k, v in samples.items()}
+    keys = jax.random.split(key, n_chain * n_draw)
+    out = jax.jit(lambda ks, d: jax.lax.map(lambda a: reform.to_sites(a[0], a[1], model_kwargs), (ks, d),
+                                            batch_size=min(batch_size, n_chain * n_draw)))(keys, flat)
+    return {k: jnp.reshape(v, (n_chain, n_draw, *v.shape[1:])) for k, v in out.items()}

@@ -59,8 +59,10 @@ print({k: v.shape for k, v in data.items()}, "pairs:", len(truth["z"]), "true cl
 
 # %% [markdown]
 # ## Fit: collapsed Gibbs, VB-EM, and the stored NUTS reference
-# The NUTS reference (2 chains × (1000 + 2000), target accept 0.95; healthy: R-hat 1.003, bulk ESS
-# > 1100, no divergences) is stored in `zoo/references/hlcr__default.nc`, so it is loaded, not rerun.
+# The NUTS reference (4 chains × (1000 + 2000) draws thinned to 4000, target accept 0.95) is stored in
+# `zoo/references/hlcr__default.nc`, so it is loaded, not rerun. It meets the reference standard (R-hat < 1.01
+# and bulk and tail ESS > 1300 on every summary, no divergences; a second seed and a long collapsed-Gibbs run
+# agree with it within 4 Monte Carlo standard errors: its `validation` record, `make references`).
 
 # %%
 ref = references.load("hlcr", data)

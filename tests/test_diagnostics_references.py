@@ -1,6 +1,8 @@
 """Stored reference posteriors: every file in zoo/references/ still matches its model's log density
-(a model changed without regenerating its reference fails here), carries its validation record, and the
-store/load/identity machinery works on a toy model."""
+(a model changed without regenerating its reference fails here), passes the reference standard (health
+recomputed from its stored draws equals its record; 4 chains, 4000 draws; second seed and Gibbs cross-check
+within 4 MCSE), and the store/load/identity/refusal/resume machinery works on a toy model. Slow: every
+reference's second seed rerun agrees with it."""
 
 from __future__ import annotations
 
@@ -13,10 +15,13 @@ import numpyro
 import numpyro.distributions as dist
 import pytest
 from diag_toys import NORMAL
+from typer.testing import CliRunner
 
 import inference
 import zoo
 from diagnostics import references
+from diagnostics.health import Z_MAX, mcmc_health
+from zoo.cli import app
 
 REFERENCE_FILES = sorted(references.REFERENCE_DIR.glob("*.nc"))
 
@@ -35,9 +40,38 @@ def test_stored_reference_carries_its_validation_record(path: Path):
         assert key in tree.attrs, key
     assert references.data_of(tree), "a stored reference carries the exact data arrays it was computed on"
     record = json.loads(tree.attrs["validation"])
-    assert {"max_rhat", "min_ess_bulk", "divergences", "reliable"} <= set(record)
+    assert {"max_rhat", "min_ess_bulk", "divergences", "reliable", "settings", "seeds", "package_versions",
+            "second_seed", "crosscheck", "nuts_reformulation", "standard"} <= set(record)
+    assert {"means", "mcse", "max_abs_z", "health"} <= set(record["second_seed"])
     assert tree["posterior"].sizes["chain"] * tree["posterior"].sizes["draw"] <= references.MAX_DRAWS
     assert path.name == f"{tree.attrs['model']}__{tree.attrs['reference_tag']}.nc"
+
+
+@pytest.mark.parametrize("path", REFERENCE_FILES, ids=[p.stem for p in REFERENCE_FILES])
+def test_stored_reference_passes_the_standard_recomputed_from_its_draws(path: Path):
+    """posteriordb's standard, stricter: >= 4 chains and 4000 stored draws, R-hat < 1.01 and bulk/tail ESS >= 400
+    on every compared quantity, 0 divergences over the whole run, E-BFMI > 0.3 (recomputed here from the stored
+    draws and run totals, and equal to the record); the second seed's and the Gibbs cross-check's means within
+    4 combined MCSE (from the record)."""
+    tree = inference.load(path)
+    assert references.verify(tree) == []
+    record = json.loads(tree.attrs["validation"])
+    assert record["n_chains"] >= 4 and record["n_draws"] >= 4000 and record["divergences"] == 0
+    assert record["max_rhat"] < 1.01 and min(record["min_ess_bulk"], record["min_ess_tail"]) >= 400
+    assert record["min_ebfmi"] > 0.3
+    assert record["second_seed"]["max_abs_z"] < Z_MAX and record["second_seed"]["health"]["reliable"]
+    if zoo.get(tree.attrs["model"]).reference_crosscheck is not None:
+        assert record["crosscheck"]["max_abs_z"] < Z_MAX and record["crosscheck"]["health"]["reliable"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", REFERENCE_FILES, ids=[p.stem for p in REFERENCE_FILES])
+def test_second_seed_rerun_agrees_with_the_stored_reference(path: Path):
+    """The recorded second run, redone here (same settings, seed + 1, the stored data): healthy, and its compared
+    means within 4 combined Monte Carlo standard errors of the stored reference's."""
+    check = references.rerun_second_seed(inference.load(path), progress=False)
+    assert check["health"]["reliable"], check["health"]["failures"]
+    assert check["max_abs_z"] < Z_MAX, check["failures"]
 
 
 @pytest.fixture
@@ -56,6 +90,9 @@ def test_generate_store_load_and_detect_a_changed_model(toy, tmp_path, monkeypat
     assert path.is_file()
     record = json.loads(tree.attrs["validation"])
     assert record["reliable"] and record["min_ess_tail"] > 0
+    assert record["seeds"] == {"reference": 3, "second_seed": 4} and record["second_seed"]["max_abs_z"] < Z_MAX
+    assert references.verify(inference.load(path)) == []
+    assert not references.work_dir("dq_normal", "default").exists()   # checkpoints removed once stored
     assert tree["posterior"].sizes["draw"] * tree["posterior"].sizes["chain"] <= references.MAX_DRAWS  # thinned
     assert references.check_log_density(inference.load(path)) <= 1e-8
 
@@ -109,3 +146,46 @@ def test_a_resimulation_with_other_last_bits_still_finds_its_stored_reference(na
         moved.flat[i] *= 1 + 1e-9
         other[k] = moved
         assert references.load(name, other, tag=tag) is None
+
+
+def test_generate_refuses_an_unhealthy_reference_and_resumes_from_its_checkpoints(toy, tmp_path, monkeypatch):
+    """2 chains x 300 draws: refused (nothing stored), the failure names the rule and what to try; asked again,
+    the finished runs are reused from the work directory, not rerun."""
+    monkeypatch.setattr(references, "REFERENCE_DIR", tmp_path)
+    data, _ = toy.default_data()
+    with pytest.raises(references.UnhealthyReference) as refused:
+        references.generate("dq_normal", data, seed=3, num_warmup=200, num_samples=300, num_chains=2)
+    text = str(refused.value)
+    assert "2 chains (need at least 4)" in text and "600 stored draws (need at least 4000)" in text
+    assert "try:" in text and "num_chains" in text
+    assert not (tmp_path / "dq_normal__default.nc").exists()
+    work = references.work_dir("dq_normal", "default")
+    assert (work / "main.nc").is_file() and (work / "second_seed.nc").is_file()
+    lines = []
+    with pytest.raises(references.UnhealthyReference):
+        references.generate("dq_normal", data, seed=3, num_warmup=200, num_samples=300, num_chains=2,
+                            log=lines.append)
+    assert sum("reusing the finished run" in line for line in lines) == 2
+    # other settings: the checkpoints do not match and are not reused
+    lines.clear()
+    with pytest.raises(references.UnhealthyReference):
+        references.generate("dq_normal", data, seed=3, num_warmup=200, num_samples=301, num_chains=2,
+                            log=lines.append)
+    assert not any("reusing" in line for line in lines)
+
+
+def test_thinning_keeps_every_divergence_of_the_run(toy):
+    """A divergence in a thinned-out iteration still fails the health rule (run totals travel with the draws)."""
+    data, _ = toy.default_data()
+    tree = inference.fit("dq_normal", data, "nuts", seed=0, num_warmup=200, num_samples=2000, num_chains=4,
+                         progress=False)
+    tree["sample_stats"]["diverging"][0, 0] = 1          # iteration 0 is not among the kept draws
+    thin = references._thin(tree, references.MAX_DRAWS)
+    assert thin["posterior"].sizes["draw"] == 1000 and int(thin["sample_stats"]["diverging"].sum()) == 0
+    assert mcmc_health(thin)["divergences"] == 1
+
+
+def test_zoo_references_check_verifies_the_stored_records():
+    result = CliRunner().invoke(app, ["references", "--check", "ppca"])
+    assert result.exit_code == 0, result.output
+    assert "ppca/default: ok" in result.output

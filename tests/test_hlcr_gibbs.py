@@ -197,9 +197,10 @@ def _rb_coclustering(tree):
 
 
 def test_stored_nuts_reference_matches_exact_enumeration_on_8_pairs(b2_exact):
-    """B2 for NUTS: the stored reference (model with z marginalised, 2 x (1000 + 4000) draws at
+    """B2 for NUTS: the stored reference (model with z marginalised, 4 x (1000 + 5000) draws at
     target_accept 0.95, thinned to 4000) gives Rao-Blackwellised co-clustering within 0.03 absolute
-    probability of the exact enumeration (notes' tolerance) and is healthy."""
+    probability of the exact enumeration (notes' tolerance) and is healthy. Measured: 0.014 (1.6 MCSE); the
+    earlier 2 x 4000 reference: 0.010."""
     data, _, exact = b2_exact
     ref = references.load("hlcr", data, tag="b2")
     assert ref is not None, "run `zoo references hlcr` (tag b2)"
@@ -263,16 +264,18 @@ def test_gibbs_agrees_with_stored_nuts_reference_on_demo_data():
     data, on the label-invariant summaries (z-marginal log likelihood, sorted psi, Rao-Blackwellised
     co-clustering, per-pair predictive means). Every row meets the scorecard's agreement rule:
     std_mean_error <= 0.2 reference sd + 3 Monte Carlo standard errors, and sd_ratio in [0.8, 1.25]
-    widened by 3 MC standard errors. Summaries that are (nearly) constant under the reference (reference
-    sd < 0.01 probability units: co-clustering of pairs that are certainly together/apart, sd 1e-40 ..
-    4e-3, whose rare excursions make the sd ratio a tail statistic: 0.69 for a mean 0.999, sd 0.0038
-    entry) are compared in absolute probability instead (< 0.01)."""
+    widened by 3 MC standard errors. Summaries that are (nearly) constant under the reference (co-clustering
+    of pairs that are certainly together/apart: reference mean within 0.01 of 0 or 1, or sd < 0.01; sd 1e-40 ..
+    0.011, whose rare excursions make the sd ratio a tail statistic: coclust[3], mean 0.9988, has sd 0.0113
+    from 2 of the 4000 reference draws below 0.9 (sd 0.0038 in the earlier 2-chain reference), and 0.0026 in
+    2000 Gibbs draws) are compared in absolute probability instead (< 0.01)."""
     data, _ = references.reference_data("hlcr")
     ref = references.load("hlcr", data)
     assert ref.attrs["reliable"] == 1
     tree = fit("hlcr", data, "gibbs", seed=1, num_warmup=200, num_samples=1000, num_chains=2)
     card = scorecard(ref, {"gibbs": tree})
-    live = card["sd_ref"] > 0.01
+    near_bound = np.minimum(card["mean_ref"], 1 - card["mean_ref"]) < 0.01
+    live = (card["sd_ref"] > 0.01) & ~(card["parameter"].str.startswith("coclust") & near_bound)
     assert live.sum() >= 20
     bad = card[live & ~card["ok"]]
     assert bad.empty, bad[["parameter", "std_mean_error", "sd_ratio", "mcse_mean_sd"]].to_string()

@@ -53,6 +53,29 @@ class Hyper:
 
 
 @dataclasses.dataclass(frozen=True)
+class Reformulation:
+    """An exact reformulation of a model that the ``nuts`` method samples instead of ``ModelSpec.model``.
+
+    NUTS runs on ``model`` (called with the same keyword arguments as ``ModelSpec.model``, with latent sites
+    of its own: e.g. some sites integrated out, a symmetry folded away); ``to_sites(key, draw, model_kwargs)``
+    maps one of its draws (a dict of its latent sites, no sample axes) to one draw of **every latent site of
+    the model**, such that mapped draws follow the model's posterior exactly: integrated-out sites are drawn
+    from their exact conditional, a folded symmetry is restored by applying a random group element. The
+    model's sites, log density and posterior do not change; only the coordinates NUTS moves in do.
+
+    ``applies(model_kwargs)``: False when an assumption the reformulation rests on does not hold for these
+    hyperparameters (e.g. a sign symmetry that needs a prior centred at 0); NUTS then samples the model
+    itself. ``name`` and ``doc`` (one line) are recorded in the tree's attrs (``nuts_reformulation``).
+    """
+
+    name: str
+    model: Callable[..., Any]
+    to_sites: Callable[[Any, dict, dict], dict]
+    applies: Callable[[dict], bool] = lambda model_kwargs: True
+    doc: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """Everything the rest of the package needs to know about one zoo entry.
 
@@ -109,6 +132,13 @@ class ModelSpec:
         named sets of hyperparameter values chosen by a string hyperparameter:
         ``{"prior": {"weak": {...}, "paper": {...}}}``; ``fit(..., prior="paper")`` applies that set,
         values given explicitly still win. The default preset's values must equal the ``Hyper`` defaults.
+    nuts_reformulation:
+        an exact ``Reformulation`` every ``nuts`` run of this model samples (its geometry fixed: sites
+        integrated out, symmetries folded), mapped back to the model's sites; None: NUTS samples ``model``.
+    reference_crosscheck:
+        ``(method, options)`` of a second exact sampler (a collapsed Gibbs kernel) that ``make references``
+        runs on the reference data to validate the NUTS reference where NUTS may not mix (label switching,
+        near-discrete switches); its agreement goes in the validation record. None: no cross-check.
     """
 
     name: str
@@ -133,6 +163,8 @@ class ModelSpec:
     reference_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     reference_datasets: Callable[[], Mapping[str, tuple[dict, dict]]] | None = None
     hyper_presets: Mapping[str, Mapping[str, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
+    nuts_reformulation: Reformulation | None = None
+    reference_crosscheck: tuple[str, Mapping[str, Any]] | None = None
 
     @property
     def default_hyper(self) -> dict[str, Any]:

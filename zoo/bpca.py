@@ -24,19 +24,40 @@ largest principal angle, in degrees; erratum E36).
 W is identified only up to rotation/sign (exactly rotation-invariant when alpha is isotropic), so
 ``summaries`` gives rotation-invariant quantities for comparing methods: mu, tau, alpha, the row norms
 diag(W W^T) and the singular values of W.
+
+NUTS geometry (``ModelSpec.nuts_reformulation``, ``MARGINAL``; every ``nuts`` run of this model samples it
+and maps the draws back to (mu, W, tau, z), ``inference.nuts``). Sampled plainly, (z, W, tau) form a funnel
+and W a rotation orbit: the old reference (2 chains x 2000, dense mass, target 0.9) had 31 divergences, bulk
+ESS 355 and ~980 leapfrog steps per draw.
+
+* z integrated out: y_n,o | mu, W, tau ~ N(mu_o, W_o W_o^T + I / tau) on each row's observed set o. With
+  A_n = I_M + tau W_o^T W_o and b_n = W_o^T (y_n,o - mu_o): log|W_o W_o^T + I/tau| = log|A_n| - |o| log tau and
+  the quadratic form is tau ||y_n,o - mu_o||^2 - tau^2 b_n^T A_n^-1 b_n (determinant lemma, Woodbury; O(N D M^2)).
+  Each draw gets z_n ~ N(tau A_n^-1 b_n, A_n^-1), its exact conditional.
+* Rotation folded (alpha fixed and equal for every column, ``is_isotropic``; the prior and the marginal
+  likelihood then depend on W only through W W^T). W = L Q with L lower trapezoidal (zeros above the
+  diagonal) in the row order ``_row_order`` and Q Haar on O(M): the Jacobian is prod_i |l_ii|^(M - i) (Muirhead
+  1982, thm 2.1.13), so NUTS samples L (sites ``L_diag``, ``L_low``) from N(L | 0, 1/alpha) prod_i
+  |l_ii|^(M - i) x the marginal likelihood, and each draw is mapped to W = L Q with a fresh Haar Q (Mezzadri
+  2007). Any fixed choice of the M triangle rows is exact; the pivoted-Cholesky rows of the data covariance
+  (``pivot_rows``) keep every l_ii away from 0 (with the first rows, |w_1| ~ 0.3 put l_11 near 0: R-hat 1.05).
+  The diagonal entries keep both signs (sign flips of L's columns are absorbed by Q); constraining them to
+  be positive trapped chains at l_22 ~ 0 (the other rows' column on the wrong side).
+  Result on the demo data: 0 divergences, ~45 leapfrog steps per draw, bulk ESS ~2000 from 4 x 2000 draws.
 """
 
 from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import xarray as xr
 
-from zoo._registry import DataField, Hyper, ModelSpec, register
+from zoo._registry import DataField, Hyper, ModelSpec, Reformulation, register
 
 # --------------------------------------------------------------------------------------------------
 # The generative model
@@ -61,6 +82,142 @@ def model(X, mask, M, tau=None, alpha=1.0, theta=0.01, a_tau=1e-3, b_tau=1e-3, a
     with numpyro.plate("row", N):
         z = numpyro.sample("z", dist.Normal(0.0, 1.0).expand([M]).to_event(1))           # (N, M)
         numpyro.sample("Y", dist.Normal(z @ W.T + mu, tau ** -0.5).mask(mask).to_event(1), obs=X)
+
+
+# --------------------------------------------------------------------------------------------------
+# What NUTS samples (ModelSpec.nuts_reformulation): z integrated out, W's rotation folded away (module
+# docstring, "NUTS geometry")
+# --------------------------------------------------------------------------------------------------
+
+
+def row_statistics(X, mask, W, mu, tau):
+    """Per row n with observed set o: (A_n = I + tau W_o^T W_o (N, M, M), b_n = W_o^T (y_o - mu_o) (N, M),
+    ||y_o - mu_o||^2 (N,), |o| (N,))."""
+    r = jnp.where(mask, X - mu, 0.0)
+    M = W.shape[1]
+    A = jnp.eye(M) + tau * jnp.einsum("nd,dk,dl->nkl", mask.astype(float), W, W)
+    return A, r @ W, jnp.sum(r * r, axis=-1), jnp.sum(mask, axis=-1)
+
+
+def marginal_row_loglik(X, mask, W, mu, tau):
+    """log N(y_o | mu_o, W_o W_o^T + I / tau) per row (z_n ~ N(0, I) integrated out), by the determinant lemma
+    log|W_o W_o^T + I/tau| = log|A_n| - |o| log tau and Woodbury (y_o - mu_o)^T (.)^-1 (y_o - mu_o) =
+    tau ||y_o - mu_o||^2 - tau^2 b_n^T A_n^-1 b_n."""
+    A, b, rr, n_obs = row_statistics(X, mask, W, mu, tau)
+    L = jnp.linalg.cholesky(A)
+    w = jax.scipy.linalg.solve_triangular(L, b[..., None], lower=True)[..., 0]
+    logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(L, axis1=-2, axis2=-1)), axis=-1) - n_obs * jnp.log(tau)
+    quad = tau * rr - tau ** 2 * jnp.sum(w * w, axis=-1)
+    return -0.5 * (n_obs * jnp.log(2 * jnp.pi) + logdet + quad)
+
+
+def is_isotropic(alpha) -> bool:
+    """True when the prior on W is invariant to W -> W Q for every orthogonal Q: alpha fixed and equal for
+    every column."""
+    return alpha is not None and bool(np.all(np.asarray(alpha) == np.ravel(np.asarray(alpha))[0]))
+
+
+def pivot_rows(X, mask, M):
+    """The M rows of W that carry the triangle: the first M pivots of a greedy pivoted Cholesky of the data's
+    covariance (pairwise-complete), i.e. the feature with the largest variance, then the one with the largest
+    variance left given it, ... so that every l_ii is far from 0. A function of the data only."""
+    m = mask.astype(float)
+    r = m * (X - jnp.sum(m * X, 0) / jnp.maximum(jnp.sum(m, 0), 1.0))
+    cov = (r.T @ r) / jnp.maximum(m.T @ m, 1.0)
+    chosen, basis = [], jnp.zeros((cov.shape[0], 0))
+    for _ in range(M):
+        left = jnp.diag(cov) - jnp.sum(basis ** 2, axis=1)
+        for c in chosen:
+            left = left.at[c].set(-jnp.inf)
+        p = jnp.argmax(left)
+        col = (cov[:, p] - basis @ basis[p]) / jnp.sqrt(left[p])
+        chosen.append(p)
+        basis = jnp.concatenate([basis, col[:, None]], axis=1)
+    return jnp.stack(chosen)
+
+
+def _row_order(X, mask, M):
+    """A permutation of the D rows putting ``pivot_rows`` first (then the others in their order)."""
+    D = X.shape[1]
+    piv = pivot_rows(X, mask, M)
+    rest = jnp.argsort(jnp.zeros(D).at[piv].set(1.0), stable=True)[:D - M]
+    return jnp.concatenate([piv, rest])
+
+
+def _triangular(diag, low, order, D, M):
+    """W with rows ``order`` holding L: lower trapezoidal, diagonal ``diag``, ``low`` below it (row-major)."""
+    rows, cols = np.tril_indices(D, -1, M)
+    L = jnp.zeros((D, M)).at[rows, cols].set(low).at[np.arange(M), np.arange(M)].set(diag)
+    return jnp.zeros((D, M)).at[order].set(L)
+
+
+def _triangular_W(X, mask, M, alpha):
+    """W = L in its rotation-free form: in the row order of ``_row_order``, L lower trapezoidal (entries above
+    the diagonal 0), every other entry N(0, 1/alpha) as in the model (sites ``L_diag``, ``L_low``), times the
+    Jacobian of W = L Q, prod_i |l_ii|^(M - i) (i = 1..M; Muirhead 1982, thm 2.1.13)."""
+    D = X.shape[1]
+    sd = jnp.ravel(jnp.asarray(alpha, dtype=float))[0] ** -0.5
+    diag = numpyro.sample("L_diag", dist.Normal(0.0, sd).expand([M]).to_event(1))
+    low = numpyro.sample("L_low", dist.Normal(0.0, sd).expand([len(np.tril_indices(D, -1, M)[0])]).to_event(1))
+    numpyro.factor("W_jacobian", jnp.sum((M - 1 - jnp.arange(M)) * jnp.log(jnp.abs(diag))))
+    return _triangular(diag, low, _row_order(X, mask, M), D, M)
+
+
+def model_marginal(X, mask, M, tau=None, alpha=1.0, theta=0.01, a_tau=1e-3, b_tau=1e-3, a_alpha=1e-3,
+                   b_alpha=1e-3):
+    """``model`` with z integrated out (y_n,o ~ N(mu_o, W_o W_o^T + I/tau)); with an isotropic prior on W
+    (``is_isotropic``) W is sampled in its rotation-free triangular form (``_triangular_W``)."""
+    N, D = X.shape
+    mu = numpyro.sample("mu", dist.Normal(0.0, theta ** -0.5).expand([D]).to_event(1))
+    if is_isotropic(alpha):
+        W = _triangular_W(X, mask, M, alpha)
+    else:
+        if alpha is None:
+            alpha = numpyro.sample("alpha", dist.Gamma(a_alpha, b_alpha).expand([M]).to_event(1))
+        alpha = jnp.broadcast_to(jnp.asarray(alpha, dtype=float), (M,))
+        W = numpyro.sample("W", dist.Normal(jnp.zeros((D, M)), alpha ** -0.5).to_event(2))
+    if tau is None:
+        tau = numpyro.sample("tau", dist.Gamma(a_tau, b_tau))
+    numpyro.factor("Y", jnp.sum(marginal_row_loglik(X, mask, W, mu, tau)))
+
+
+def haar_orthogonal(key, M):
+    """A Haar-distributed M x M orthogonal matrix: Q of the QR of a Gaussian matrix, columns signed by
+    diag(R) (Mezzadri 2007)."""
+    Q, R = jnp.linalg.qr(jax.random.normal(key, (M, M)))
+    return Q * jnp.sign(jnp.diagonal(R))[None, :]
+
+
+def marginal_to_sites(key, draw, model_kwargs):
+    """A draw of ``model_marginal`` -> a draw of ``model``: W = L Q with Q Haar on O(M) (triangular form),
+    then z_n ~ N(tau A_n^-1 b_n, A_n^-1) (``row_statistics``)."""
+    kw = model_kwargs
+    X, mask, M = jnp.asarray(kw["X"]), jnp.asarray(kw["mask"]), kw["M"]
+    k_rot, k_z = jax.random.split(key)
+    out = {"mu": draw["mu"]}
+    if "L_diag" in draw:
+        L = _triangular(draw["L_diag"], draw["L_low"], _row_order(X, mask, M), X.shape[1], M)
+        W = L @ haar_orthogonal(k_rot, M)
+    else:
+        W = draw["W"]
+        if "alpha" in draw:
+            out["alpha"] = draw["alpha"]
+    tau = draw["tau"] if "tau" in draw else jnp.asarray(kw["tau"], dtype=float)
+    if "tau" in draw:
+        out["tau"] = tau
+    A, b, _, _ = row_statistics(X, mask, W, draw["mu"], tau)
+    L = jnp.linalg.cholesky(A)
+    mean = tau * jax.scipy.linalg.cho_solve((L, True), b[..., None])[..., 0]
+    eps = jax.random.normal(k_z, b.shape)
+    out["W"] = W
+    out["z"] = mean + jax.scipy.linalg.solve_triangular(jnp.swapaxes(L, -1, -2), eps[..., None], lower=False)[..., 0]
+    return out
+
+
+MARGINAL = Reformulation(
+    name="bpca_marginal", model=model_marginal, to_sites=marginal_to_sites,
+    doc="z integrated out (Gaussian marginal per row), drawn from its Gaussian conditional; with isotropic "
+        "alpha W = L Q, L lower trapezoidal (pivoted rows), Q Haar on O(M)")
 
 
 def model_inputs(data, hyper):
@@ -330,7 +487,9 @@ SPEC = register(ModelSpec(
                   "vbem": {"M": 2},
                   "badmm": {"M": 2},
                   "dppca": {"M": 2}},
-    reference_options={"num_warmup": 1000, "num_samples": 2000, "num_chains": 2, "thinning": 4,
-                       "dense_mass": True, "M": 2},
+    # NUTS samples the reformulation MARGINAL (z integrated out, W = L Q); 4 x 2000 draws thinned to 4000
+    reference_options={"num_warmup": 1000, "num_samples": 2000, "num_chains": 4, "M": 2, "tau": None, "alpha": 1.0,
+                       "theta": 0.01, "a_tau": 1e-3, "b_tau": 1e-3, "a_alpha": 1e-3, "b_alpha": 1e-3},
     reference_datasets=reference_datasets,
+    nuts_reformulation=MARGINAL,
 ))

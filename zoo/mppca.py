@@ -345,11 +345,13 @@ PAPER = ("Bruneau, Gelgon & Picarougne, A low-cost variational-Bayes technique f
          "shared/notes/001_vbmppca.md")
 NUTS_PRIORS = {"alpha0": 1.0, "a0": 1.0, "b0": 1.0, "nu0": 0.01, "tau_fixed": 1.0}   # notes T11 (no funnels)
 
-T11_NUTS = {"num_warmup": 1000, "num_samples": 1000, "thinning": 4, "num_chains": 4, "K": 2, "q": 1, **NUTS_PRIORS}
+T11_NUTS = {"num_warmup": 1000, "num_samples": 2000, "num_chains": 4, "K": 2, "q": 1, **NUTS_PRIORS,
+            "a_tau": 1e-3, "b_tau": 1e-3, "mu0": None}
 
 
 def reference_datasets():
-    """Stored NUTS reference ``t11``: the notes' T11 problem (``simulate_small(0)``), 4 x 1000 draws."""
+    """Stored NUTS reference ``t11``: the notes' T11 problem (``simulate_small(0)``), 4 x 2000 draws thinned to
+    4000."""
     return {"t11": (simulate_small(0)[0], dict(T11_NUTS))}
 
 
@@ -384,7 +386,7 @@ SPEC = register(ModelSpec(
                   "vbem": {"K": 2, "q": 1, **NUTS_PRIORS},
                   "em": {"K": 2, "q": 1, "tau_fixed": 1.0},
                   "vbgmm": {"K": 2, "prior": "paper"}},
-    reference_options={"num_warmup": 500, "num_samples": 1000, "num_chains": 2, "K": 4, "q": 2, **NUTS_PRIORS},
+    reference_options=dict(T11_NUTS),
     reference_datasets=reference_datasets,
 ))
 
@@ -415,6 +417,6 @@ PPCA_SPEC = register(ModelSpec(
                   # there ran off to tau = 1e-107 (C = 1e107); from uniform(-2, 2) it converges.
                   "svi": {"num_steps": 3000, "q": 2, "prior": "paper", "a0": 1.0, "b0": 1.0, "nu0": 0.01,
                           "init": "uniform"}},
-    reference_options={"num_warmup": 500, "num_samples": 1000, "num_chains": 2, "q": 2, "prior": "paper", "a0": 1.0,
-                       "b0": 1.0, "nu0": 0.01},
+    reference_options={"num_warmup": 1000, "num_samples": 1000, "num_chains": 4, "q": 2, "a0": 1.0, "b0": 1.0,
+                       "nu0": 0.01, "tau_fixed": None, "a_tau": 1e-3, "b_tau": 1e-3, "mu0": None},
 ))

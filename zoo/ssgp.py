@@ -31,9 +31,34 @@ and random slopes on the columns named by the hyperparameter ``random_slopes``),
 explicit design matrix with N(0, var_beta) coefficients. Without ``group`` and ``A`` the model is a plain SSGP
 regression/classifier with intercept.
 
-Symmetry: (lam, sin-weights) -> (-lam, -sin-weights) leaves the model unchanged (notes §2.1, E17), so
-posteriors are compared in function space: ``summaries`` reports the population curve
-g(x) = beta0 + f(x) on a 50-point grid, |lam|, sigma, tau, gamma and the random effects b.
+NUTS geometry (``ModelSpec.nuts_reformulation``; every ``nuts`` run of these models samples these exact
+reformulations and maps the draws back to the sites above, ``inference.nuts``):
+
+* Sign fold (all three). The posterior is invariant under T: (lam, alpha_sin) -> (-lam, -alpha_sin) when
+  mu_lam0 = 0 (E17), with two mirror modes near +-|lam|. NUTS samples the half lam_0 >= 0, where the density
+  is 2 p(theta | y) (|lam_0| ~ HalfNormal(sqrt(var_lam0)), site ``lam_fold``; other components ``lam_rest``),
+  and each draw is mapped through T with probability 1/2: the mixture 1/2 q + 1/2 (T#q) is p exactly.
+* Linear part integrated out (``ssgp_lmm``). Given (lam, sigma, tau, gamma), eta = Phi(lam) c is linear in
+  c = (alpha, beta0, beta, b) ~ N(0, diag(sd^2)), sd = (sigma/sqrt(m) (2m), sqrt(var_fixed), sqrt(var_beta),
+  tau_t per group), so y ~ N(0, gamma^2 I + Phi diag(sd^2) Phi^T). With P = diag(sd^-2) + Phi^T Phi / gamma^2
+  = L L^T: log|.| = log|diag(sd^2)| + 2 sum log L_kk + n log gamma^2 and y^T(.)^-1 y = y^T y / gamma^2 -
+  |L^-1 Phi^T y / gamma^2|^2 (determinant lemma, Woodbury; O(n p^2)). NUTS samples (lam, sigma, tau, gamma)
+  only; each draw gets c ~ N(P^-1 Phi^T y / gamma^2, P^-1), alpha_raw = sqrt(m) alpha / sigma, b_raw = b / tau.
+  This removes the (sigma, alpha_raw) and (tau, b_raw) funnels and the curved (lam, alpha) ridge
+  (2 x 3000 iterations of the plain model: 7 divergences, step size 0.012, ~340 leapfrog steps per draw;
+  collapsed: 0 divergences, step size ~0.3, ~10 steps).
+* Gaussian augmentations of the binary likelihoods, then the same. Probit (Albert & Chib 1993): y_i =
+  1{y*_i > 0} with y* = eta + N(0, I) is the probit model exactly; with c integrated out y* ~ N(0, I + Phi
+  diag(sd^2) Phi^T) on the orthant sign(y*_i) = 2 y_i - 1. NUTS samples u (site ``ystar_raw``), y*_i =
+  (2 y_i - 1) softplus(u_i) (log Jacobian sum log sigmoid(u_i)), with (lam, sigma, tau). Logit (Polya-Gamma,
+  Polson, Scott & Windle 2013): Bernoulli(y_i | logit^-1 eta_i) = int 1/2 exp(kappa_i eta_i - omega_i eta_i^2
+  / 2) PG(omega_i | 1, 0) d omega_i, kappa = y - 1/2, i.e. N(kappa_i / omega_i | eta_i, 1 / omega_i) up to
+  factors free of eta; NUTS samples omega (site ``omega``, density ``log_polya_gamma``) with (lam, sigma, tau)
+  and c integrated out. Each draw gets c ~ N(P^-1 Phi^T (t / v), P^-1) with t = y*, v = 1 (probit) or t =
+  kappa / omega, v = 1 / omega (logit) (``_pseudo_data``). Sampled folded only, the logit model kept 11
+  divergences, R-hat 1.011 and tail ESS 344 on sigma in 4 x 3000 draws (~260 leapfrog steps per draw); the
+  probit model 29 divergences in 4 x 1000 at target_accept 0.99 (~560 steps). Augmented and collapsed: 0
+  divergences, ~31 steps, bulk ESS ~0.6-0.75 per draw.
 """
 
 from __future__ import annotations
@@ -43,6 +68,7 @@ import tarfile
 import warnings
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
@@ -50,7 +76,7 @@ import numpyro.distributions as dist
 import xarray as xr
 from jax.scipy.special import log_ndtr
 
-from zoo._registry import DataField, Hyper, ModelSpec, register
+from zoo._registry import DataField, Hyper, ModelSpec, Reformulation, register
 from zoo._validation import factorize
 
 LIKELIHOODS = ("gaussian", "logit", "probit")
@@ -73,9 +99,15 @@ def model(X, S, y=None, A=None, group=None, C=None, n_groups=0, *, likelihood="g
           A_gamma=25.0, A_tau=25.0, mu_lam0=0.0, var_lam0=10.0, var_fixed=100.0, var_beta=10.0):
     """SSGP + random effects (notes §2.7). ``C`` (n, T) holds the random-effect covariates of each
     observation (column 0 = 1 for the intercept, then the slope columns), ``group`` (n,) the group index."""
-    n, d = X.shape
-    m = S.shape[0]
+    d = X.shape[1]
     lam = numpyro.sample("lam", dist.Normal(jnp.full(d, mu_lam0), jnp.sqrt(var_lam0)).to_event(1))
+    _given_lam(lam, X, S, y, A, group, C, n_groups, likelihood, A_sigma, A_gamma, A_tau, var_fixed, var_beta)
+
+
+def _given_lam(lam, X, S, y, A, group, C, n_groups, likelihood, A_sigma, A_gamma, A_tau, var_fixed, var_beta):
+    """Every site of ``model`` after lam, in the model's order."""
+    n = X.shape[0]
+    m = S.shape[0]
     sigma = numpyro.sample("sigma", dist.HalfCauchy(A_sigma))
     with numpyro.plate("basis", 2 * m):
         alpha_raw = numpyro.sample("alpha_raw", dist.Normal(0.0, 1.0))
@@ -101,6 +133,181 @@ def model(X, S, y=None, A=None, group=None, C=None, n_groups=0, *, likelihood="g
             numpyro.sample("y", dist.Bernoulli(logits=log_ndtr(eta) - log_ndtr(-eta)), obs=y)
         else:
             numpyro.sample("y", dist.Bernoulli(logits=eta), obs=y)
+
+
+# --------------------------------------------------------------------------------------------------
+# What NUTS samples (ModelSpec.nuts_reformulation): the lam sign folded away; for the Gaussian model the
+# linear coefficients integrated out as well (module docstring, "NUTS geometry")
+# --------------------------------------------------------------------------------------------------
+
+def _folded_lam(d, var_lam0):
+    """lam with lam_0 >= 0: |lam_0| ~ HalfNormal(sqrt(var_lam0)) (twice N(0, var_lam0) on the half line), the
+    other components N(0, var_lam0) as in the model (sites ``lam_fold``, ``lam_rest``)."""
+    lam0 = numpyro.sample("lam_fold", dist.HalfNormal(jnp.sqrt(var_lam0)))
+    if d == 1:
+        return lam0[None]
+    rest = numpyro.sample("lam_rest", dist.Normal(jnp.zeros(d - 1), jnp.sqrt(var_lam0)).to_event(1))
+    return jnp.concatenate([lam0[None], rest])
+
+
+def _unfold(key, draw, d):
+    """(lam, s): the folded lam with its sign restored at random, s = +-1 with probability 1/2 each."""
+    lam = draw["lam_fold"][None] if d == 1 else jnp.concatenate([draw["lam_fold"][None], draw["lam_rest"]])
+    s = jnp.where(jax.random.bernoulli(key), 1.0, -1.0)
+    return s * lam, s
+
+
+def linear_design(X, S, lam, A=None, group=None, C=None, n_groups=0):
+    """Phi (n, p): every column eta is linear in given lam, [Z(lam) (2m) | 1 | A (s) | C[:, t] 1{group = j} for
+    (j, t) in row-major (J, T) order], so eta = Phi c with c = (alpha, beta0, beta, b.ravel())."""
+    cols = [features(X, S, lam), jnp.ones((X.shape[0], 1))]
+    if A is not None:
+        cols.append(A)
+    if group is not None:
+        onehot = jnp.asarray(group)[:, None] == jnp.arange(n_groups)[None, :]
+        cols.append((onehot[:, :, None] * C[:, None, :]).reshape(X.shape[0], -1))
+    return jnp.concatenate(cols, axis=1)
+
+
+def coefficient_sd(m, sigma, var_fixed, s=0, var_beta=10.0, tau=None, n_groups=0):
+    """Prior sd of c = (alpha, beta0, beta, b.ravel()): sigma/sqrt(m) (2m), sqrt(var_fixed), sqrt(var_beta) (s),
+    tau_t for every (j, t)."""
+    parts = [jnp.full(2 * m, sigma / jnp.sqrt(m)), jnp.full(1, jnp.sqrt(var_fixed))]
+    if s:
+        parts.append(jnp.full(s, jnp.sqrt(var_beta)))
+    if tau is not None:
+        parts.append(jnp.tile(tau, n_groups))
+    return jnp.concatenate(parts)
+
+
+def _coefficient_posterior(Phi, sd, t, noise_var):
+    """(Cholesky factor L of P = diag(sd^-2) + Phi^T diag(1/v) Phi, mean P^-1 b of c | t, with b = Phi^T (t / v),
+    and log N(t | 0, diag(v) + Phi diag(sd^2) Phi^T)) for noise variances v (``noise_var``, a scalar or one per
+    observation), by the matrix determinant lemma and Woodbury: log|.| = log|diag(sd^2)| + log|P| + sum log v,
+    t^T (.)^-1 t = t^T (t / v) - b^T P^-1 b."""
+    v = jnp.broadcast_to(noise_var, t.shape)
+    L = jnp.linalg.cholesky(jnp.diag(sd ** -2.0) + Phi.T @ (Phi / v[:, None]))
+    w = jax.scipy.linalg.solve_triangular(L, Phi.T @ (t / v), lower=True)
+    mean = jax.scipy.linalg.solve_triangular(L.T, w, lower=False)
+    logdet = 2.0 * jnp.sum(jnp.log(sd)) + 2.0 * jnp.sum(jnp.log(jnp.diag(L))) + jnp.sum(jnp.log(v))
+    log_marginal = -0.5 * (t.shape[0] * jnp.log(2 * jnp.pi) + logdet + t @ (t / v) - w @ w)
+    return L, mean, log_marginal
+
+
+PG_TERMS = 12
+
+
+def log_polya_gamma(omega, n_terms=PG_TERMS):
+    """log density of the Polya-Gamma PG(1, 0) distribution at ``omega`` > 0 (Polson, Scott & Windle 2013):
+    PG(1, 0) = J*(1) / 4 with the J* density sum_n (-1)^n a_n(x), a_n(x) = pi (n + 1/2) (2 / (pi x))^(3/2)
+    exp(-2 (n + 1/2)^2 / x) for x <= 0.64 and pi (n + 1/2) exp(-(n + 1/2)^2 pi^2 x / 2) above (their eq. for the
+    sampler; both series are exact, each converges fast on its side: a_1/a_0 < 0.006 at x = 0.64). Summed as
+    a_0 (1 + sum_n>=1 (-1)^n a_n / a_0) with 12 terms (the next is below 1e-300 relative)."""
+    x = 4.0 * omega
+    n = jnp.arange(1, n_terms)
+    sign = jnp.where(n % 2 == 1, -1.0, 1.0)
+    small = x <= 0.64
+    xs = jnp.where(small, x, 0.64)                 # each branch evaluated only where it is used (finite grads)
+    xl = jnp.where(small, 0.64, x)
+    log_a0_small = jnp.log(jnp.pi / 2) + 1.5 * jnp.log(2.0 / (jnp.pi * xs)) - 0.5 / xs
+    log_a0_large = jnp.log(jnp.pi / 2) - jnp.pi ** 2 * xl / 8.0
+    ratio_small = jnp.sum(sign * (2 * n + 1) * jnp.exp(-2.0 * n * (n + 1) / xs[..., None]), axis=-1)
+    ratio_large = jnp.sum(sign * (2 * n + 1) * jnp.exp(-(jnp.pi ** 2) * n * (n + 1) * xl[..., None] / 2.0),
+                          axis=-1)
+    log_j = jnp.where(small, log_a0_small + jnp.log1p(ratio_small), log_a0_large + jnp.log1p(ratio_large))
+    return jnp.log(4.0) + log_j
+
+
+def _pseudo_data(likelihood, y, site):
+    """(t, v, log c) with p(y | eta) = c x N(t | eta, diag(v)) given the augmentation ``site`` (module docstring):
+    Gaussian: t = y, v = gamma^2, c = 1; probit (Albert-Chib): t = y* = (2y - 1) softplus(u), v = 1, c = the
+    Jacobian of u -> y*; logit (Polya-Gamma): t = kappa / omega, v = 1 / omega, kappa = y - 1/2, and
+    1/2 exp(kappa eta - omega eta^2 / 2) PG(omega) = PG(omega) exp(kappa^2 / (2 omega)) sqrt(2 pi / omega) / 2
+    x N(kappa / omega | eta, 1 / omega)."""
+    y = jnp.asarray(y, dtype=float)
+    if likelihood == "gaussian":
+        return y, site ** 2, 0.0
+    if likelihood == "probit":
+        return (2.0 * y - 1.0) * jax.nn.softplus(site), 1.0, jnp.sum(jax.nn.log_sigmoid(site))
+    kappa = y - 0.5
+    log_c = jnp.sum(log_polya_gamma(site) + kappa ** 2 / (2 * site) + 0.5 * jnp.log(2 * jnp.pi / site) - jnp.log(2.0))
+    return kappa / site, 1.0 / site, log_c
+
+
+AUGMENTATION = {"gaussian": "gamma", "probit": "ystar_raw", "logit": "omega"}
+
+
+def model_collapsed(X, S, y=None, A=None, group=None, C=None, n_groups=0, *, likelihood="gaussian", A_sigma=25.0,
+                    A_gamma=25.0, A_tau=25.0, mu_lam0=0.0, var_lam0=10.0, var_fixed=100.0, var_beta=10.0):
+    """``model`` with c = (alpha, beta0, beta, b) integrated out (lam folded when mu_lam0 = 0), given the
+    likelihood's Gaussian augmentation (``_pseudo_data``):
+
+    Gaussian: y | lam, sigma, tau, gamma ~ N(0, gamma^2 I + Phi(lam) diag(sd^2) Phi(lam)^T).
+    Probit (Albert & Chib 1993): y_i = 1{y*_i > 0}, y* = eta + N(0, I), so y* | lam, sigma, tau ~ N(0, I + Phi
+    diag(sd^2) Phi^T) on the orthant sign(y*_i) = 2 y_i - 1; NUTS samples u (site ``ystar_raw``),
+    y*_i = (2 y_i - 1) softplus(u_i).
+    Logit (Polson, Scott & Windle 2013): Bernoulli(y | logit^-1 eta) = int 1/2 exp(kappa eta - omega eta^2 / 2)
+    PG(omega | 1, 0) d omega per observation, Gaussian in eta given omega (site ``omega``)."""
+    d, m = X.shape[1], S.shape[0]
+    if mu_lam0 == 0.0:
+        lam = _folded_lam(d, var_lam0)
+    else:
+        lam = numpyro.sample("lam", dist.Normal(jnp.full(d, mu_lam0), jnp.sqrt(var_lam0)).to_event(1))
+    sigma = numpyro.sample("sigma", dist.HalfCauchy(A_sigma))
+    tau = None
+    if group is not None:
+        with numpyro.plate("re_term", C.shape[1]):
+            tau = numpyro.sample("tau", dist.HalfCauchy(A_tau))
+    n = X.shape[0]
+    site = {"gaussian": lambda: numpyro.sample("gamma", dist.HalfCauchy(A_gamma)),
+            "probit": lambda: numpyro.sample("ystar_raw", dist.ImproperUniform(dist.constraints.real, (), (n,))),
+            "logit": lambda: numpyro.sample("omega", dist.ImproperUniform(dist.constraints.positive, (), (n,))),
+            }[likelihood]()
+    t, v, log_c = _pseudo_data(likelihood, y, site)
+    Phi = linear_design(X, S, lam, A, group, C, n_groups)
+    sd = coefficient_sd(m, sigma, var_fixed, 0 if A is None else A.shape[1], var_beta, tau, n_groups)
+    numpyro.factor("y", log_c + _coefficient_posterior(Phi, sd, t, v)[2])
+
+
+def collapsed_to_sites(key, draw, model_kwargs):
+    """A draw of ``model_collapsed`` -> a draw of ``model``: the sign restored (when folded), then
+    c ~ N(P^-1 Phi^T (t / v), P^-1) (``_pseudo_data``) and alpha_raw = sqrt(m) alpha / sigma, b_raw = b / tau."""
+    kw = model_kwargs
+    X, S, A, group = kw["X"], kw["S"], kw.get("A"), kw.get("group")
+    d, m = X.shape[1], S.shape[0]
+    k_sign, k_c = jax.random.split(key)
+    # c is drawn given the signed lam, so its sin half follows the sign by itself
+    lam = _unfold(k_sign, draw, d)[0] if "lam_fold" in draw else draw["lam"]
+    sigma, tau = draw["sigma"], draw.get("tau")
+    t, v, _ = _pseudo_data(kw["likelihood"], kw["y"], draw[AUGMENTATION[kw["likelihood"]]])
+    n_beta = 0 if A is None else A.shape[1]
+    Phi = linear_design(X, S, lam, A, group, kw.get("C"), kw.get("n_groups", 0))
+    sd = coefficient_sd(m, sigma, kw["var_fixed"], n_beta, kw["var_beta"], tau, kw.get("n_groups", 0))
+    L, mean, _ = _coefficient_posterior(Phi, sd, t, v)
+    c = mean + jax.scipy.linalg.solve_triangular(L.T, jax.random.normal(k_c, mean.shape), lower=False)
+    out = {"lam": lam, "sigma": sigma, "alpha_raw": c[:2 * m] * jnp.sqrt(m) / sigma, "beta0": c[2 * m]}
+    if kw["likelihood"] == "gaussian":
+        out["gamma"] = draw["gamma"]
+    if n_beta:
+        out["beta"] = c[2 * m + 1:2 * m + 1 + n_beta]
+    if tau is not None:
+        out["tau"] = tau
+        out["b_raw"] = c[2 * m + 1 + n_beta:].reshape(kw["n_groups"], -1) / tau
+    return out
+
+
+COLLAPSED = Reformulation(
+    name="ssgp_collapsed", model=model_collapsed, to_sites=collapsed_to_sites,
+    doc="alpha, beta0, beta, b integrated out (Gaussian marginal), drawn from their Gaussian conditional; "
+        "lam_0 >= 0 folded when mu_lam0 = 0")
+COLLAPSED_PROBIT = Reformulation(
+    name="ssgp_probit_collapsed", model=model_collapsed, to_sites=collapsed_to_sites,
+    doc="Albert-Chib y* augmentation with alpha, beta0, beta, b integrated out (y* ~ N(0, I + Phi D Phi^T) on "
+        "the orthant of y), c drawn from its Gaussian conditional given y*; lam_0 >= 0 folded when mu_lam0 = 0")
+COLLAPSED_LOGIT = Reformulation(
+    name="ssgp_logit_collapsed", model=model_collapsed, to_sites=collapsed_to_sites,
+    doc="Polya-Gamma omega augmentation with alpha, beta0, beta, b integrated out, c drawn from its Gaussian "
+        "conditional given omega; lam_0 >= 0 folded when mu_lam0 = 0")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -458,18 +665,20 @@ def _reference_datasets(spec_name):
     return sets
 
 
-# NUTS reference: 2 chains x (1000 warm-up + 2000 draws) thinned by 4 -> 1000 stored draws (the pointwise
-# log-likelihood makes files large), target_accept 0.95 against the sigma funnel (notes §6 C).
-REFERENCE_NUTS = {"num_warmup": 1000, "num_samples": 2000, "thinning": 4, "num_chains": 2,
-                  "target_accept_prob": 0.95}
+# NUTS reference (on the reformulations of the module docstring): 4 chains x (1000 warm-up + 2000 draws), thinned
+# to 4000 stored draws; every hyperparameter explicit.
+REFERENCE_NUTS = {"num_warmup": 1000, "num_samples": 2000, "num_chains": 4, "target_accept_prob": 0.95,
+                  **{k: h.default for k, h in HYPER_COMMON.items()}}
 _SPECS: dict[str, ModelSpec] = {}
 
 
 def _make_spec(name, likelihood, simulate, description, demo_sizes, reference_options=None):
     binary = likelihood != "gaussian"
     hyper = dict(HYPER_COMMON)
+    reference_options = reference_options or dict(REFERENCE_NUTS)
     if not binary:
         hyper["A_gamma"] = Hyper(25.0, "positive", "half-Cauchy scale of the noise sd gamma")
+        reference_options["A_gamma"] = 25.0
     spec = register(ModelSpec(
         name=name, paper=PAPER, description=description, model=model, simulate=simulate,
         data_fields=_fields(binary), hyperparameters=hyper, methods=("nuts", "svi", "vb"),
@@ -485,8 +694,9 @@ def _make_spec(name, likelihood, simulate, description, demo_sizes, reference_op
         demo_options={"nuts": {"num_warmup": 500, "num_samples": 1500},
                       "svi": {"num_steps": 5000, "guide": "normal"},
                       "vb": {"max_iter": 500}},
-        reference_options=reference_options or REFERENCE_NUTS,
+        reference_options=reference_options,
         reference_datasets=_reference_datasets(name),
+        nuts_reformulation={"gaussian": COLLAPSED, "probit": COLLAPSED_PROBIT, "logit": COLLAPSED_LOGIT}[likelihood],
     ))
     _SPECS[name] = spec
     return spec
@@ -507,7 +717,4 @@ SPEC_PROBIT = _make_spec(
     "ssgp_probit", "probit", simulate_probit,
     "GP probit mixed model: y ~ Bernoulli(Phi(beta0 + Z(lam) alpha + random effects)), with or without "
     "groups; the VB kernel uses the Albert-Chib latent y* (notes §2.5).",
-    {"n_groups": 30, "per_group": 10},
-    # target_accept 0.95 left 2.7% divergent draws (27 of 1000) and bulk ESS 193 on S-PROBIT-10: tighter
-    # steps and a longer run (3000 draws per chain thinned by 6 -> 1000 stored)
-    reference_options={**REFERENCE_NUTS, "num_samples": 3000, "thinning": 6, "target_accept_prob": 0.99})
+    {"n_groups": 30, "per_group": 10})
