@@ -71,3 +71,16 @@ def test_compare_writes_trees_and_resumes_without_refitting(tmp_path):
     assert (tmp_path / "toy_normal" / "exact.nc").is_file()
     second = runner.invoke(app, args)
     assert second.exit_code == 0 and "reusing" in second.output
+
+
+def test_compare_refits_a_result_file_corrupted_on_disk(tmp_path):
+    args = ["compare", "toy_normal", "--methods", "exact", "--out", str(tmp_path)]
+    assert runner.invoke(app, args).exit_code == 0
+    path = tmp_path / "toy_normal" / "exact.nc"
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2: len(raw) // 2 + 2000] = bytes(2000)          # a crash or a bad disk mid-file
+    path.write_bytes(bytes(raw))
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert "unreadable" in again.output and "refitting" in again.output and "reusing" not in again.output
+    inference.load(path)                                              # rewritten, checksum valid again

@@ -189,8 +189,12 @@ def run_comparison(spec, methods: list[str], out: Path, seed: int = 0, fresh: bo
         path = out / spec.name / f"{method}.nc"
         stamp = json.dumps({"seed": seed, "options": options, "data": checksum}, sort_keys=True, default=str)
         if path.is_file() and not fresh:
-            tree = inference.load(path)
-            if tree.attrs.get("run_stamp") == stamp:
+            try:
+                tree = inference.load(path)
+            except ValueError as err:          # corrupted or truncated by a crash: refit, never reuse
+                typer.echo(f"  [{i}/{len(methods)}] {spec.name}/{method}: {path} is unreadable ({err}); refitting")
+                tree = None
+            if tree is not None and tree.attrs.get("run_stamp") == stamp:
                 typer.echo(f"  [{i}/{len(methods)}] {spec.name}/{method}: reusing {path}")
                 trees[method] = tree
                 continue
