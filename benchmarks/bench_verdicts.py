@@ -604,7 +604,8 @@ def main(h) -> None:
     wall = time.perf_counter() - t0
     correlations = {m: compared_correlation(m) for m in models}
     h.table(
-        f"False alarms and power of the verdict: {n_runs} independent runs per exact method at the demo settings",
+        f"False alarms and power of the verdict: independent runs per exact method at the demo settings (goal "
+        f"{n_runs}; 'runs' = how many finished)",
         summary_rows(cases, records, errors, correlations),
         note=(f"Each run: a fit with seed {SEED_BASE}+i on the stored reference's data, judged against the stored "
               f"reference by `diagnostics.method_scores` (goal: PASS >= {GOAL}/{N_RUNS}). Power: the same run with "
@@ -613,11 +614,12 @@ def main(h) -> None:
               f"{GOAL}/{N_RUNS}. (!) marks a cell below the goal or with fewer than {N_RUNS} runs; other verdicts in "
               "brackets. Detectable shift: the verdict's (z_crit + 1.645) x max mcse_mean_sd, median (min-max). "
               "Eligible: quantities whose 0.3 sd exceeds their floor. Seconds: median wall time of one fit "
-              f"(compile). Campaign wall time {wall:.0f} s on {workers} worker(s), JAX {jax.__version__}."))
+              f"(compile). This invocation: {wall:.0f} s on {workers} worker(s), JAX {jax.__version__}; reused "
+              "runs keep the numbers of the machine that made them."))
     mf = meanfield_rows(mf_models, records, correlations)
     if mf:
         h.table(
-            f"Power against a mean-field Gaussian fitted to the reference ({MEANFIELD_DRAWS} draws, {n_runs} seeds)",
+            f"Power against a mean-field Gaussian fitted to the reference ({MEANFIELD_DRAWS} draws per seed)",
             mf,
             note=("KL mean-field: q(u) = N(m, diag(1/diag(Sigma^-1))) in the unconstrained coordinates of the model's "
                   "sites (the lam sign fold restored as an equal mixture), what mean-field VI converges to on a "
