@@ -193,8 +193,8 @@ def step(key, state: GibbsState, pdat: PairData, hyper: Hyper, prior: str = "exa
                                            (state, jnp.linalg.inv(D)), xs)
         # the rank-one updates carry H_k = D_k^-1, not D_k: rebuild (D, c, logZ) from the new labels so that
         # draw_parameters pairs a current D_k with the current c_k
-        state = state._replace(**dict(zip(("D", "c", "logZ"),
-                                          cluster_state(pdat.Gs, pdat.gs, state.z, hyper.K, hyper.delta))))
+        D, c, logZ = cluster_state(pdat.Gs, pdat.gs, state.z, hyper.K, hyper.delta)
+        state = state._replace(D=D, c=c, logZ=logZ)
     m = antoniak_table_totals(k_tables, state.z, pdat.agent, state.log_psi, hyper.beta, hyper.K, hyper.n_agents)
     log_psi = sample_log_dirichlet(k_psi, hyper.alpha / hyper.K + m)
     state = state._replace(log_psi=log_psi)
