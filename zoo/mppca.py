@@ -417,6 +417,6 @@ PPCA_SPEC = register(ModelSpec(
                   # there ran off to tau = 1e-107 (C = 1e107); from uniform(-2, 2) it converges.
                   "svi": {"num_steps": 3000, "q": 2, "prior": "paper", "a0": 1.0, "b0": 1.0, "nu0": 0.01,
                           "init": "uniform"}},
-    reference_options={"num_warmup": 1000, "num_samples": 1000, "num_chains": 4, "q": 2, "a0": 1.0, "b0": 1.0,
+    reference_options={"num_warmup": 1000, "num_samples": 4000, "num_chains": 4, "q": 2, "a0": 1.0, "b0": 1.0,
                        "nu0": 0.01, "tau_fixed": None, "a_tau": 1e-3, "b_tau": 1e-3, "mu0": None},
 ))
