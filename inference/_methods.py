@@ -85,8 +85,6 @@ OPTION_CONSTRAINTS: dict[str, str] = {
     "dp_noise_scale": "nonnegative",
     "leave_own_out": "bool",
 }
-# Options every method accepts.
-COMMON_OPTIONS: dict[str, Any] = {"progress": None}
 
 KERNEL_MODULES: tuple[str, ...] = (
     "inference.hlcr_gibbs",
@@ -116,6 +114,10 @@ class Draws:
     dims, coords:  names of the non-sample axes of variables above, and their labels.
     attrs:         extra attributes for the tree (JSON-serialisable).
     groups:        extra groups, name -> xarray.Dataset (e.g. a method's point estimates).
+    objective:     the kernel's objective (``Info.objective``: bound, ELBO, log likelihood) after its last
+                   step, for optimisation kernels; stored as the tree's ``objective`` attribute.
+    converged:     whether the stopping rule fired before ``max_iter`` (attribute ``converged``).
+    n_iter:        steps run (attribute ``n_iter``).
     """
 
     posterior: dict[str, Any]
@@ -125,6 +127,32 @@ class Draws:
     coords: dict[str, Any] = dataclasses.field(default_factory=dict)
     attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
     groups: dict[str, Any] = dataclasses.field(default_factory=dict)
+    objective: float | None = None
+    converged: bool | None = None
+    n_iter: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """A method option, declared like a hyperparameter (``zoo.Hyper``): its default, the constraint ``fit``
+    checks (``zoo._registry.Constraint``), the allowed values when it is a choice, and a one-line doc
+    (printed by ``zoo show``)."""
+
+    default: Any
+    constraint: str = "any"
+    doc: str = ""
+    choices: tuple[Any, ...] | None = None
+
+    def check(self, name: str, value: Any) -> Any:
+        value = check_value(name, value, self.constraint)
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"{name}: expected one of {list(self.choices)}, got {value!r}")
+        return value
+
+
+# Options every method accepts.
+COMMON_OPTIONS: dict[str, Option] = {
+    "progress": Option(None, "bool|None", "show a progress bar (default: only when stderr is a terminal)")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,28 +175,36 @@ class FitContext:
 class Method:
     name: str
     run: Callable[[FitContext], Draws]
-    options: Mapping[str, Any]
+    declared: Mapping[str, Option]
     kind: MethodKind
     models: tuple[str, ...] | None  # None: any model
     check: Callable[[dict[str, Any]], None] | None = None
     doc: str = ""
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """Option name -> default."""
+        return {k: o.default for k, o in self.declared.items()}
 
 
 _METHODS: dict[tuple[str | None, str], Method] = {}
 _loaded = False
 
 
-def register_method(name: str, *, kind: MethodKind, options: Mapping[str, Any],
+def register_method(name: str, *, kind: MethodKind, options: Mapping[str, Option | Any],
                     models: tuple[str, ...] | None = None,
                     check: Callable[[dict[str, Any]], None] | None = None):
     """Decorator registering ``run(ctx) -> Draws`` as method ``name``.
 
-    ``options`` are the method's option defaults (every accepted option must appear here; ``fit``
-    rejects unknown names). ``check(options)`` may add method-specific validation.
+    ``options``: name -> ``Option(default, constraint, doc, choices)`` (every accepted option must appear
+    here; ``fit`` rejects unknown names). A bare value is an option with that default whose constraint is
+    looked up in ``OPTION_CONSTRAINTS``. ``check(options)`` may add validation that relates options.
     """
+    declared = {**COMMON_OPTIONS, **{k: v if isinstance(v, Option) else Option(v, OPTION_CONSTRAINTS.get(k, "any"))
+                                     for k, v in options.items()}}
 
     def deco(run: Callable[[FitContext], Draws]):
-        method = Method(name, run, dict(options), kind, models, check, (run.__doc__ or "").strip())
+        method = Method(name, run, declared, kind, models, check, (run.__doc__ or "").strip())
         for model in models or (None,):
             _METHODS[(model, name)] = method
         return run
@@ -200,8 +236,8 @@ def get_method(spec: ModelSpec, name: str) -> Method:
 def resolve_options(spec: ModelSpec, method: Method, given: Mapping[str, Any]) -> dict[str, Any]:
     """Method defaults < the model's per-method overrides < ``given``; every value checked against
     ``OPTION_CONSTRAINTS`` (NumPy scalars become Python scalars), then by the method's ``check``."""
-    allowed = {**COMMON_OPTIONS, **method.options}
-    options = {**allowed, **spec.method_options.get(method.name, {})}
+    allowed = method.declared
+    options = {**method.options, **spec.method_options.get(method.name, {})}
     for k, v in given.items():
         if k not in allowed:
             raise ValueError(f"{k}: not an option of method {method.name!r} for {spec.name!r}; "
@@ -209,8 +245,7 @@ def resolve_options(spec: ModelSpec, method: Method, given: Mapping[str, Any]) -
                              f"{sorted(spec.hyperparameters)}")
         options[k] = v
     for k, v in options.items():
-        if k in OPTION_CONSTRAINTS:
-            options[k] = check_value(k, v, OPTION_CONSTRAINTS[k])
+        options[k] = allowed[k].check(k, v)
     if method.check is not None:
         method.check(options)
     return options

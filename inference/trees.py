@@ -239,6 +239,10 @@ def build_tree(spec: ModelSpec, data: Mapping[str, np.ndarray], hyper: Mapping[s
         "inference_library": "bayes-zoo",
     }
     attrs.update({k: (v if isinstance(v, str | int | float) else _json(v)) for k, v in draws.attrs.items()})
+    for name, value, cast in (("objective", draws.objective, float), ("converged", draws.converged, int),
+                              ("n_iter", draws.n_iter, int)):
+        if value is not None:
+            attrs[name] = cast(value)
     tree = xr.DataTree.from_dict({f"/{k}": v for k, v in groups.items()})
     tree.attrs.update(attrs)
     for name in ("posterior", "sample_stats"):

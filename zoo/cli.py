@@ -108,7 +108,7 @@ def list_models() -> None:
 def show(model: Annotated[str, typer.Argument(help="Model name (see `zoo list`).")]) -> None:
     """Show a model's data contract, hyperparameters and methods with their options."""
     _setup()
-    from inference._methods import COMMON_OPTIONS, get_method
+    from inference._methods import get_method
 
     spec = _spec(model)
     typer.echo(f"{spec.name}: {spec.description or spec.paper}")
@@ -119,11 +119,14 @@ def show(model: Annotated[str, typer.Argument(help="Model name (see `zoo list`).
     typer.echo("\nhyperparameters (options of fit):")
     for k, h in spec.hyperparameters.items():
         typer.echo(f"  {k:10s} default {h.default!r:10s} {h.constraint:12s} {h.doc}")
-    typer.echo("\nmethods and their options (defaults):")
+    typer.echo("\nmethods and their options (default, constraint, meaning):")
     for m in spec.methods:
         meth = get_method(spec, m)
-        opts = {**COMMON_OPTIONS, **meth.options, **spec.method_options.get(m, {})}
-        typer.echo(f"  {m} ({meth.kind}): " + ", ".join(f"{k}={v!r}" for k, v in opts.items()))
+        overrides = spec.method_options.get(m, {})
+        typer.echo(f"  {m} ({meth.kind})")
+        for k, o in meth.declared.items():
+            allowed = f"one of {list(o.choices)}" if o.choices else o.constraint
+            typer.echo(f"    {k:18s} {overrides.get(k, o.default)!r:14s} {allowed:18s} {o.doc}")
 
 
 @app.command()
