@@ -135,13 +135,15 @@ class Draws:
 @dataclasses.dataclass(frozen=True)
 class Option:
     """A method option, declared like a hyperparameter (``zoo.Hyper``): its default, the constraint ``fit``
-    checks (``zoo._registry.Constraint``), the allowed values when it is a choice, and a one-line doc
-    (printed by ``zoo show``)."""
+    checks (``zoo._registry.Constraint``), the allowed values when it is a choice, a one-line doc (printed
+    by ``zoo show``) and ``tiny``: the value the contract test (``tests/test_contract.py``) runs every
+    (model, method) pair with on tiny data (None: the default), e.g. 20 samples instead of 1000."""
 
     default: Any
     constraint: str = "any"
     doc: str = ""
     choices: tuple[Any, ...] | None = None
+    tiny: Any = None
 
     def check(self, name: str, value: Any) -> Any:
         value = check_value(name, value, self.constraint)
