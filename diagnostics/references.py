@@ -46,6 +46,7 @@ import xarray as xr
 import zoo
 from inference import fit, log_densities, save
 from inference import load as load_tree
+from inference.trees import data_of, problem_of
 from zoo._validation import validate_data
 
 REFERENCE_DIR = Path(zoo.__file__).resolve().parent / "references"
@@ -77,15 +78,6 @@ def data_checksum(spec: zoo.ModelSpec, data: Mapping[str, Any]) -> str:
         h.update(f"{k}|{a.dtype.str}|{a.shape}|".encode())
         h.update(a.tobytes())
     return h.hexdigest()
-
-
-def data_of(tree: xr.DataTree) -> dict[str, np.ndarray]:
-    """The data a tree was fitted to (observed_data and constant_data merged), exactly as stored."""
-    out = {}
-    for group in ("observed_data", "constant_data"):
-        if group in tree.children:
-            out.update({k: v.values for k, v in tree[group].to_dataset().items()})
-    return out
 
 
 def data_mismatch(spec: zoo.ModelSpec, stored: Mapping[str, Any], given: Mapping[str, Any],
@@ -432,12 +424,7 @@ def check_log_density(tree: xr.DataTree, n_points: int = 3, rtol: float = 1e-8) 
     """Largest relative difference between the stored log prior + log likelihood at the first
     ``n_points`` draws and the current model's. Raises ``AssertionError`` above ``rtol`` (the model
     changed without regenerating the reference)."""
-    import json as _json
-
-    spec = zoo.get(tree.attrs["model"])
-    hyper = spec.default_hyper
-    hyper.update(_json.loads(tree.attrs.get("hyperparameters", "{}")))
-    data = validate_data(spec, data_of(tree))
+    spec, data, hyper = problem_of(tree)
     post = tree["posterior"].to_dataset().isel(chain=slice(0, 1), draw=slice(0, n_points))
     draws = {k: post[k].values for k in post.data_vars}
     lp, ll = log_densities(spec, spec.inputs(data, hyper), draws)

@@ -248,3 +248,28 @@ def build_tree(spec: ModelSpec, data: Mapping[str, np.ndarray], hyper: Mapping[s
     for name in ("posterior", "sample_stats"):
         tree[name].attrs.update(attrs)
     return tree
+
+
+def data_of(tree: xr.DataTree) -> dict[str, np.ndarray]:
+    """The data a tree was fitted to (``observed_data`` and ``constant_data`` merged), exactly as stored."""
+    out = {}
+    for group in ("observed_data", "constant_data"):
+        if group in tree.children:
+            out.update({k: v.values for k, v in tree[group].to_dataset().items()})
+    return out
+
+
+def problem_of(tree: xr.DataTree) -> tuple[ModelSpec, dict[str, np.ndarray], dict[str, Any]]:
+    """The inverse of ``build_tree``: (spec, validated data, hyperparameters) a tree was fitted with.
+
+    The model comes from the ``model`` attribute, the data from the stored groups (``data_of``), the
+    hyperparameters from the ``hyperparameters`` attribute over the model's defaults. Every place that goes
+    from a tree back to a model's inputs uses this function."""
+    import zoo
+    from zoo._validation import validate_data
+
+    if "model" not in tree.attrs:
+        raise ValueError("tree: has no 'model' attribute; it was not made by inference.fit / build_tree")
+    spec = zoo.get(tree.attrs["model"])
+    hyper = {**spec.default_hyper, **json.loads(tree.attrs.get("hyperparameters", "{}"))}
+    return spec, validate_data(spec, data_of(tree)), hyper

@@ -340,7 +340,7 @@ def references(
             label = f"{name}/{tag}"
             path = refs.reference_path(name, tag)
             if path.is_file():   # regenerate on the stored arrays when a re-simulation matches them (other last bits)
-                stored = refs.data_of(inference.load(path))
+                stored = inference.trees.data_of(inference.load(path))
                 data = stored if refs.data_mismatch(spec, stored, data) is None else data
             if check:
                 problems = refs.verify(inference.load(path)) if path.is_file() else ["not stored"]
