@@ -14,7 +14,8 @@ from inference._methods import Draws, FitContext, available_methods, register_me
 from inference.api import fit
 from inference.io import load, save
 from inference.mppca_merge import merge_mppca
+from inference.predict import predict, register_predictor
 from inference.trees import NonFiniteError, build_tree, log_densities
 
 __all__ = ["Draws", "FitContext", "NonFiniteError", "available_methods", "build_tree", "fit", "load",
-           "log_densities", "merge_mppca", "register_method", "save"]
+           "log_densities", "merge_mppca", "predict", "register_method", "register_predictor", "save"]
