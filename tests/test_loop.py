@@ -31,7 +31,7 @@ def contraction_step(key, state, problem):
 def python_oracle(x0, target, rule):
     """A plain while loop with the documented absolute rule: stop at the first t >= 2 with |f_t - f_{t-1}| <= tol."""
     x, f_prev, trace = x0, None, []
-    for t in range(rule.max_iter):
+    for _ in range(rule.max_iter):
         x = 0.5 * (x + target)
         f = -((x - target) ** 2)
         trace.append(f)
