@@ -26,9 +26,9 @@ def __getattr__(name: str):
         globals()[name] = value
         return value
     if not name.startswith("_"):  # a model module as an attribute (``zoo.hlcr.simulate``), loaded on first use
-        from zoo._registry import MODEL_MODULES
+        from zoo._registry import model_modules
 
-        if name in MODEL_MODULES:
+        if name in model_modules():
             return importlib.import_module(f"zoo.{name}")
     raise AttributeError(f"module 'zoo' has no attribute {name!r}")
 

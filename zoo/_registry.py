@@ -191,8 +191,18 @@ class ModelSpec:
         return self.simulate(seed, **self.demo_sizes)
 
 
-# Model modules in zoo/ that register specs; imported on first registry access.
-MODEL_MODULES: tuple[str, ...] = ("hlcr", "ssgp", "bpca", "mppca", "gp_alps")
+
+
+def model_modules() -> list[str]:
+    """Every public module of the ``zoo`` package (each registers its specs when imported): adding a model is
+    adding ``zoo/<model>.py``, no list to edit."""
+    import pkgutil
+
+    import zoo
+
+    return sorted(m.name for m in pkgutil.iter_modules(zoo.__path__)
+                  if not m.name.startswith("_") and not m.ispkg and m.name != "cli")
+
 
 _REGISTRY: dict[str, ModelSpec] = {}
 _loaded = False
@@ -217,7 +227,7 @@ def _load_builtin_models() -> None:
     if _loaded:
         return
     _loaded = True
-    for module in MODEL_MODULES:
+    for module in model_modules():
         importlib.import_module(f"zoo.{module}")
 
 
