@@ -52,7 +52,7 @@ class StopRule(NamedTuple):
     def reached(self, previous, current):
         change = current - previous if self.kind == "increase" else jnp.abs(current - previous)
         scale = 1.0 if self.kind == "absolute" else jnp.abs(current)
-        return jnp.isfinite(previous) & (change <= self.tol * scale)
+        return (self.tol > 0) & jnp.isfinite(previous) & (change <= self.tol * scale)
 
 
 class Run(NamedTuple):
