@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.infer import MCMC, NUTS
 
-from inference import gp_alps_gibbs as gb
-from inference import gp_alps_svi as sv
-from inference import gp_alps_vb as vb
-from inference.gp_alps_common import Problem, exact_inclusion_orthogonal
+from inference.gp_alps import gibbs as gb
+from inference.gp_alps import svi as sv
+from inference.gp_alps import vbem as vb
+from inference.gp_alps.common import Problem, exact_inclusion_orthogonal
 from zoo import gp_alps as za
 
 SIGMA2 = 0.0285
@@ -41,7 +41,7 @@ def main(h) -> None:
               "sigma2": SIGMA2, "a0": 2.0, "b0": 0.1}
 
     def run_vb():
-        state, _, _ = vb.run_restarts(jax.random.key(0), pb, False, max_iter=30, num_restarts=1)
+        state = vb.run(jax.random.key(0), pb, False, max_iter=30).state
         return jax.nn.sigmoid(state.logit_rho)
 
     def run_gibbs():

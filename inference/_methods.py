@@ -92,9 +92,10 @@ KERNEL_MODULES: tuple[str, ...] = (
     "inference.hlcr_fed",
     "inference.mppca_vb",
     "inference.ssgp_vb",
-    "inference.gp_alps_vb",
-    "inference.gp_alps_gibbs",
-    "inference.gp_alps_svi",
+    "inference.gp_alps.vbem",
+    "inference.gp_alps.gibbs",
+    "inference.gp_alps.svi",
+    "inference.gp_alps.predict",
     "inference.bpca_vb",
     "inference.bpca_dppca",
 )

@@ -46,7 +46,7 @@ import numpy as np
 import numpyro  # noqa: F401  (before arviz)
 
 import inference
-from inference.gp_alps_common import exact_inclusion_orthogonal
+from inference.gp_alps.common import exact_inclusion_orthogonal
 from zoo import gp_alps as za
 
 # %% [markdown]
@@ -198,10 +198,10 @@ if not FAST:
 # selection of its components. The paper says the selected Boston subset {CHAS, RM, PTRATIO, LSTAT} ranks in
 # the **top 0.05 %** of all 8192 subset kernel-ridge models by test RMSE. The protocol is not stated (E10);
 # ours: 80/20 split (seed 0), joint unit-lengthscale RBF KRR with alpha = 0.1 on each subset
-# (`inference/gp_alps_subsets.py`). Measured on scikit-learn's diabetes data (1023 subsets): VB-EM selects
+# (`benchmarks/gp_alps_subsets.py`). Measured on scikit-learn's diabetes data (1023 subsets): VB-EM selects
 # {bmi, bp, s5}, **rank 7 / 1023 (top 0.7 %)** with the joint kernel, 11 / 1023 with the additive kernel; all
 # 10 features rank 313. On MASS Boston without the `black` column (12 features, 4095 subsets;
-# `python -m inference.gp_alps_subsets boston`) VB-EM selects {crim, chas, nox, rm, ptratio, lstat}, the
+# `python -m benchmarks.gp_alps_subsets boston`) VB-EM selects {crim, chas, nox, rm, ptratio, lstat}, the
 # paper's four plus crim and nox, but under this protocol that subset ranks 911 / 4095 (the paper's own
 # 4-subset: 948; all features: 356): the "top 0.05 %" claim is not reproduced. Run outside FAST mode
 # (about a minute of small solves).
@@ -210,7 +210,7 @@ if not FAST:
 if not FAST:
     import pandas as pd
 
-    from inference import gp_alps_subsets
+    from benchmarks import gp_alps_subsets
 
     rows = gp_alps_subsets.reproduce("diabetes")
     print("rho:", rows[-1]["rho"])

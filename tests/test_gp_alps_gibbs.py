@@ -1,4 +1,4 @@
-"""Gibbs samplers for GP-ALPS (inference/gp_alps_gibbs.py, notes §3.3-§3.4): collapsed (G1) and the
+"""Gibbs samplers for GP-ALPS (inference/gp_alps/gibbs.py, notes §3.3-§3.4): collapsed (G1) and the
 paper's uncollapsed sweep with the corrected conditional hit the exact switch posterior (T3); the paper's
 printed conditional does not (E3); the swap move makes duplicate latents exchangeable (T9, E12)."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import inference
-from inference import gp_alps_gibbs as gb
-from inference.gp_alps_common import Problem, exact_inclusion_orthogonal
+from inference.gp_alps import gibbs as gb
+from inference.gp_alps.common import Problem, exact_inclusion_orthogonal
 from zoo import gp_alps as za
 
 SIGMA2_SQ = 0.0285
@@ -59,8 +59,8 @@ def test_paper_app_c_conditional_misses_the_exact_posterior():
 
 
 def test_swap_move_permutes_only_identical_latents():
-    state = gb.GibbsState(u=jnp.arange(10.0).reshape(5, 2), H=jnp.arange(10.0).reshape(2, 5), b=jnp.arange(5.0),
-                          tau=jnp.ones(2))
+    state = gb.State(u=jnp.arange(10.0).reshape(5, 2), H=jnp.arange(10.0).reshape(2, 5), b=jnp.arange(5.0),
+                     tau=jnp.ones(2))
     group = jnp.array([0, 1, 1, 2, 1])
     seen = set()
     for k in range(20):

@@ -8,7 +8,7 @@ import pytest
 
 import inference
 import zoo
-from inference.gp_alps_common import exact_inclusion_orthogonal, log_joint_b
+from inference.gp_alps.common import exact_inclusion_orthogonal, log_joint_b
 from zoo import gp_alps as za
 
 SIGMA2_SQ = 0.0285  # notes §5.1: the 16-parameter least-squares residual variance of the square wave

@@ -1,4 +1,4 @@
-"""The paper's Concrete SVI for GP-ALPS (inference/gp_alps_svi.py, App. B, notes §3.1): the B.7 schedule
+"""The paper's Concrete SVI for GP-ALPS (inference/gp_alps/svi.py, App. B, notes §3.1): the B.7 schedule
 (T13), the relaxed KL in logit space (T14), selection on the square wave, and Fig. 1(b) vs Gibbs (T6, slow)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpyro.distributions as dist
 import pytest
 
 import inference
-from inference import gp_alps_gibbs as gb
-from inference import gp_alps_svi as sv
+from inference.gp_alps import gibbs as gb
+from inference.gp_alps import svi as sv
 from zoo import gp_alps as za
 
 
@@ -64,7 +64,7 @@ def test_svi_concrete_reproduces_fig_1b_against_gibbs_t6():
     kw0 = za.model_inputs(data, hyper)
     kw = {"F": jnp.asarray(kw0["F"]), "Y": jnp.asarray(kw0["Y"]), "theta": jnp.asarray(kw0["theta"]), "s": 1.0,
           "sigma2": None, "a0": 2.0, "b0": 0.1}
-    from inference.gp_alps_common import Problem
+    from inference.gp_alps.common import Problem
     F = kw0["F"]
     lam, V = np.linalg.eigh(np.einsum("jnr,jns->jrs", F, F))
     pb = Problem(jnp.asarray(F), jnp.asarray(np.clip(lam, 0, None)), jnp.asarray(V), jnp.asarray(data["Y"]),

@@ -23,50 +23,66 @@ S_i = (I/s + tau_i D X X^T D)^-1; and, when the noise is learned, tau_i ~ Gamma(
 Swap move G3 (``swap=True``): latents with identical kernels are exchangeable, so permuting their whole
 (b_j, H_.j, u_j) at random leaves the target invariant (always accepted). Without it the chain keeps
 whichever duplicate it switched on first (notes §3.4, E12).
+
+Kernel shape: ``init(key, problem)``, ``step(key, state, problem)`` with ``Info.objective`` the log joint
+log p(Y, u, H, b, sigma2) after the sweep; the flags (learn, collapsed, swap, paper_conditional) ride in the
+problem as traced booleans, so one compilation serves every variant. Chains, warm-up and thinning:
+``inference.loop.sample_chains``.
 """
 
 from __future__ import annotations
 
-from functools import partial
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inference._methods import Draws, FitContext, register_method
-from inference.gp_alps_common import Problem, paper_switch_logit, problem, switch_logit
+from inference._methods import Draws, FitContext, Option, register_method
+from inference.gp_alps.common import Problem, paper_switch_logit, problem, switch_logit
+from inference.loop import sample_chains
 
 
-class GibbsState(NamedTuple):
+class State(NamedTuple):
     u: jax.Array      # (m, r)
     H: jax.Array      # (p, m)
     b: jax.Array      # (m,) float 0/1
     tau: jax.Array    # (p,) noise precisions
 
 
-class GibbsInfo(NamedTuple):
+class Info(NamedTuple):
+    objective: jax.Array  # log p(Y, u, H, b, sigma2) (sigma2's prior only when learned)
     n_on: jax.Array
-    log_lik: jax.Array
+    log_lik: jax.Array    # log p(Y | u, H, b, sigma2)
 
 
-def init(key, pb: Problem, learn):
+class GibbsProblem(NamedTuple):
+    """The loop's problem: the data arrays and the sampler's flags (traced booleans)."""
+
+    data: Problem
+    learn: jax.Array
+    collapsed: jax.Array
+    swap: jax.Array
+    paper_conditional: jax.Array
+
+
+def init(key, problem: GibbsProblem) -> State:
+    pb, learn = problem.data, problem.learn
     m, n, r = pb.F.shape
     p = pb.Y.shape[1]
     k1, k2 = jax.random.split(key)
     tau = jnp.where(learn, 1.0 / (0.1 * jnp.var(pb.Y, axis=0)), 1.0 / pb.sigma2)
-    return GibbsState(u=jax.random.normal(k1, (m, r)), H=jnp.sqrt(pb.s) * jax.random.normal(k2, (p, m)),
-                      b=jnp.ones(m), tau=tau)
+    return State(u=jax.random.normal(k1, (m, r)), H=jnp.sqrt(pb.s) * jax.random.normal(k2, (p, m)),
+                 b=jnp.ones(m), tau=tau)
 
 
 def _latents(pb, u):
     return jnp.einsum("jnr,jr->jn", pb.F, u)
 
 
-def step(key, state: GibbsState, pb: Problem, learn, collapsed=True, swap=True, paper_conditional=False):
-    """One sweep: switches and latents per j, then H rows, then noise precisions, then the swap move.
-
-    The flags may be traced booleans (one compilation serves every variant)."""
+def step(key, state: State, problem: GibbsProblem) -> tuple[State, Info]:
+    """One sweep: switches and latents per j, then H rows, then noise precisions, then the swap move."""
+    pb, learn, collapsed, swap, paper_conditional = problem
     m, n, r = pb.F.shape
     k_lat, k_h, k_tau, k_swap = jax.random.split(key, 4)
     tau = state.tau
@@ -115,7 +131,17 @@ def step(key, state: GibbsState, pb: Problem, learn, collapsed=True, swap=True, 
     state = state._replace(H=H, tau=tau)
     state = jax.tree.map(lambda a, b: jnp.where(swap, a, b), _swap(k_swap, state, pb.group), state)
     log_lik = jnp.sum(0.5 * n * jnp.log(tau / (2 * jnp.pi)) - 0.5 * tau * sq)
-    return state, GibbsInfo(n_on=jnp.sum(state.b), log_lik=log_lik)
+    return state, Info(objective=log_lik + _log_prior(state, pb, learn), n_on=jnp.sum(state.b), log_lik=log_lik)
+
+
+def _log_prior(state: State, pb: Problem, learn):
+    """log p(u) + log p(H) + log p(b) [+ log InvGamma(sigma2 | a0, b0) when the noise is learned]."""
+    norm = jax.scipy.stats.norm.logpdf
+    lp = jnp.sum(norm(state.u)) + jnp.sum(norm(state.H, 0.0, jnp.sqrt(pb.s)))
+    lp = lp + jnp.sum(state.b * jax.nn.log_sigmoid(pb.logit_theta) + (1 - state.b) * jax.nn.log_sigmoid(-pb.logit_theta))
+    sigma2 = 1.0 / state.tau
+    log_ig = pb.a0 * jnp.log(pb.b0) - jax.scipy.special.gammaln(pb.a0) - (pb.a0 + 1) * jnp.log(sigma2) - pb.b0 / sigma2
+    return lp + jnp.where(learn, jnp.sum(log_ig), 0.0)
 
 
 def _swap(key, state, group):
@@ -128,47 +154,30 @@ def _swap(key, state, group):
     return state._replace(u=state.u[perm], b=state.b[perm], H=state.H[:, perm])
 
 
-def run_chain(key, pb: Problem, learn, num_warmup, num_samples, collapsed=True, swap=True, paper_conditional=False):
-    """One chain: ``num_warmup + num_samples`` sweeps in one scan; returns the last ``num_samples`` states
-    and infos (one compiled loop, the flags traced)."""
-    k0, ks = jax.random.split(key)
-    state = init(k0, pb, learn)
-    kernel = partial(step, pb=pb, learn=learn, collapsed=collapsed, swap=swap, paper_conditional=paper_conditional)
-    _, (states, infos) = jax.lax.scan(lambda s, k: (lambda o: (o[0], (o[0], o[1])))(kernel(k, s)), state,
-                                      jax.random.split(ks, num_warmup + num_samples))
-    return jax.tree.map(lambda a: a[num_warmup:], (states, infos))
+def run(key, pb: Problem, learn, num_chains=2, num_warmup=1000, num_samples=2000, collapsed=True, swap=True,
+        paper_conditional=False, thinning=1, progress=None):
+    """``num_chains`` chains (vmapped) through ``inference.loop.sample_chains``; returns (State, Info) with leading
+    (chain, draw) axes, warm-up dropped."""
+    flags = (jnp.asarray(bool(f)) for f in (learn, collapsed, swap, paper_conditional))
+    kept, _ = sample_chains(init, step, GibbsProblem(pb, *flags), key, num_chains=num_chains, num_warmup=num_warmup,
+                            num_samples=num_samples, thinning=thinning, progress=progress, desc="gp_alps gibbs")
+    return kept
 
 
-@partial(jax.jit, static_argnames=("num_chains", "num_warmup", "num_samples"))
-def _run_compiled(key, pb, learn, num_chains, num_warmup, num_samples, collapsed, swap, paper_conditional):
-    keys = jax.random.split(key, num_chains)
-    return jax.vmap(lambda k: run_chain(k, pb, learn, num_warmup, num_samples, collapsed, swap,
-                                        paper_conditional))(keys)
-
-
-def run(key, pb, learn, num_chains=2, num_warmup=1000, num_samples=2000, collapsed=True, swap=True,
-        paper_conditional=False):
-    """``num_chains`` chains (vmapped); returns (GibbsState, GibbsInfo) with leading (chain, draw) axes."""
-    return _run_compiled(key, pb, jnp.asarray(bool(learn)), num_chains, num_warmup, num_samples,
-                         jnp.asarray(bool(collapsed)), jnp.asarray(bool(swap)), jnp.asarray(bool(paper_conditional)))
-
-
-def _check(options):
-    for k in ("collapsed", "swap"):
-        if not isinstance(options[k], bool):
-            raise ValueError(f"{k}: expected True or False, got {options[k]!r}")
-
-
-@register_method("gibbs", kind="sampler", models=("gp_alps",), check=_check, options={
-    "num_warmup": 1000, "num_samples": 2000, "num_chains": 2, "collapsed": True, "swap": True,
+@register_method("gibbs", kind="sampler", models=("gp_alps",), options={
+    "num_warmup": Option(1000, "nonnegative_int", "sweeps dropped at the start of every chain", tiny=20),
+    "num_samples": Option(2000, "positive_int", "sweeps kept per chain", tiny=20),
+    "num_chains": Option(2, "positive_int", "independent chains (vmapped)"),
+    "collapsed": Option(True, "bool", "G1 switch moves with u_j integrated out (False: the paper's App. C sweep)"),
+    "swap": Option(True, "bool", "the G3 move permuting exchangeable (identical-kernel) latents"),
 })
 def run_gibbs(ctx: FitContext) -> Draws:
     """Gibbs sampler over (b, u, H, sigma2): collapsed G1 switch moves (default) or the paper's App. C
     uncollapsed sweep with the corrected Bernoulli conditional (E3), plus the G3 swap move."""
     o = ctx.options
     pb, learn = problem(ctx)
-    (states, infos) = run(ctx.key, pb, learn, o["num_chains"], o["num_warmup"], o["num_samples"], o["collapsed"],
-                          o["swap"])
+    states, infos = run(ctx.key, pb, learn, o["num_chains"], o["num_warmup"], o["num_samples"], o["collapsed"],
+                        o["swap"], progress=o["progress"])
     post = {"u": np.asarray(states.u), "H": np.asarray(states.H), "b": np.asarray(states.b).astype(np.int8)}
     if learn:
         post["sigma2"] = 1.0 / np.asarray(states.tau)

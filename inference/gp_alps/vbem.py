@@ -30,6 +30,11 @@ switches out, so ``log_q`` (``sample_q``) is the density of q(u) q(H) q(sigma2) 
 (u, H, sigma2 = 1/tau, with the Jacobian of that map); b is drawn from q(b) for display only. The ELBO of that
 q on the marginal space is >= the ELBO above. Every parameter of q is stored in group ``variational``.
 
+Run by ``inference.loop.run_until_converged`` (restarts vmapped, the highest final ELBO wins; stops when
+the relative ELBO change of a sweep is <= ``tol``). Kernel shape: ``init(key, problem)``, ``step(key, state,
+problem)`` with ``Info.objective`` = the ELBO after the sweep, ``draw(key, state, n)``; ``kernel(learn)`` binds
+the static noise flag.
+
 Initialisation (notes §3.2 "known behaviour"): rho = 1 and random non-zero means, since mu = m = 0 is a
 fixed point and a latent whose rho has collapsed to 0 cannot switch back on. q(u) means start N(0, I),
 q(H) means N(0, 0.01^2): with small H the first sweeps let each latent fit its own frequency before the
@@ -40,7 +45,7 @@ stall at both duplicates on (seed 0: ELBO -1572.77 vs -1580.97).
 
 from __future__ import annotations
 
-from functools import partial
+import functools
 from typing import NamedTuple
 
 import jax
@@ -49,12 +54,12 @@ import numpy as np
 import xarray as xr
 from jax.scipy.special import digamma, gammaln
 
-from inference._methods import Draws, FitContext, register_method
-from inference.gp_alps_common import Problem, problem
-from inference.progress import progress_enabled, scan_with_progress
+from inference._methods import Draws, FitContext, Option, register_method
+from inference.gp_alps.common import Problem, problem
+from inference.loop import Run, StopRule, run_until_converged
 
 
-class VBState(NamedTuple):
+class State(NamedTuple):
     mu: jax.Array        # (m, r) q(u) means
     Sigma: jax.Array     # (m, r, r) q(u) covariances
     mH: jax.Array        # (p, m) q(H) means
@@ -64,9 +69,17 @@ class VBState(NamedTuple):
     b_tau: jax.Array     # (p,) q(tau) rates
 
 
-class VBInfo(NamedTuple):
-    elbo: jax.Array
-    rho: jax.Array
+class Info(NamedTuple):
+    objective: jax.Array  # the ELBO after the sweep (closed form)
+    rho: jax.Array        # (m,) q(b_j = 1)
+
+
+class VBProblem(NamedTuple):
+    """The loop's problem: the data arrays, the initial logit of q(b) and whether q(b) is updated."""
+
+    data: Problem
+    init_logit_rho: jax.Array
+    update_switches: jax.Array
 
 
 def _tau_moments(state, pb: Problem, learn):
@@ -115,20 +128,24 @@ def elbo(state, pb: Problem, learn):
     return out
 
 
-def init(key, pb: Problem, learn, init_logit_rho=10.0):
+def init(key, problem: VBProblem, learn) -> State:
+    """q(u) means N(0, I), q(H) means N(0, 0.01^2), every logit rho = ``problem.init_logit_rho`` (docstring)."""
+    pb = problem.data
     m, n, r = pb.F.shape
     p = pb.Y.shape[1]
     k1, k2 = jax.random.split(key)
     vy = jnp.var(pb.Y, axis=0)
-    return VBState(mu=jax.random.normal(k1, (m, r)), Sigma=jnp.broadcast_to(jnp.eye(r), (m, r, r)),
-                   mH=0.01 * jax.random.normal(k2, (p, m)), sH=jnp.full((p, m), pb.s),
-                   logit_rho=jnp.full((m,), init_logit_rho),
-                   a_tau=jnp.full((p,), pb.a0 + 0.5 * n), b_tau=pb.b0 + 0.5 * n * 0.1 * vy)
+    return State(mu=jax.random.normal(k1, (m, r)), Sigma=jnp.broadcast_to(jnp.eye(r), (m, r, r)),
+                 mH=0.01 * jax.random.normal(k2, (p, m)), sH=jnp.full((p, m), pb.s),
+                 logit_rho=jnp.full((m,), 1.0) * problem.init_logit_rho,
+                 a_tau=jnp.full((p,), pb.a0 + 0.5 * n), b_tau=pb.b0 + 0.5 * n * 0.1 * vy)
 
 
-def step(state: VBState, pb: Problem, learn, update_switches=True) -> tuple[VBState, VBInfo]:
+def step(key, state: State, problem: VBProblem, learn) -> tuple[State, Info]:
     """One CAVI sweep (steps 1-3 per latent, then q(tau)); returns the ELBO after the sweep.
-    ``update_switches=False`` keeps q(b) fixed (with rho = 1: the plain LMM baseline, notes T10)."""
+    ``problem.update_switches`` False keeps q(b) fixed (with rho = 1: the plain LMM baseline, notes T10).
+    Deterministic: ``key`` is unused."""
+    pb, update_switches = problem.data, problem.update_switches
     m = pb.F.shape[0]
     Etau, _ = _tau_moments(state, pb, learn)
     D, _ = _moments(state, pb)
@@ -167,51 +184,42 @@ def step(state: VBState, pb: Problem, learn, update_switches=True) -> tuple[VBSt
         n = pb.Y.shape[0]
         state = state._replace(a_tau=jnp.full_like(state.a_tau, pb.a0 + 0.5 * n),
                                b_tau=pb.b0 + 0.5 * expected_sq_residual(state, pb))
-    return state, VBInfo(elbo=elbo(state, pb, learn), rho=jax.nn.sigmoid(state.logit_rho))
+    return state, Info(objective=elbo(state, pb, learn), rho=jax.nn.sigmoid(state.logit_rho))
 
 
-@partial(jax.jit, static_argnames=("learn", "max_iter"))
-def _run_compiled(key, pb, learn, max_iter, init_logit_rho, update_switches=True):
-    state = init(key, pb, learn, init_logit_rho)
-    return jax.lax.scan(lambda st, _: step(st, pb, learn, update_switches), state, None, length=max_iter)
+@functools.lru_cache(maxsize=4)
+def kernel(learn: bool):
+    """(init, step) for the loop with the static noise flag bound (one pair per flag, so compiled chunks are
+    reused across fits)."""
+    return functools.partial(init, learn=learn), functools.partial(step, learn=learn)
 
 
-def run(key, pb: Problem, learn, max_iter=200, init_logit_rho=10.0, progress=None):
-    """``max_iter`` sweeps from ``init``; returns (final state, per-sweep VBInfo). Without a progress bar
-    one compiled function (the problem arrays are arguments, so repeated fits reuse the compilation)."""
-    if not progress_enabled(progress):
-        return _run_compiled(key, pb, learn, max_iter, init_logit_rho)
-    state = init(key, pb, learn, init_logit_rho)
-    return scan_with_progress(lambda st, _: step(st, pb, learn), state, None, length=max_iter,
-                              progress=progress, desc="gp_alps vbem")
+def run(key, pb: Problem, learn, max_iter=200, tol=0.0, init_logit_rho=10.0, num_restarts=1, update_switches=True,
+        progress=None) -> Run:
+    """CAVI sweeps from ``init`` until the relative ELBO change is <= ``tol`` (0: ``max_iter`` sweeps unless the
+    ELBO repeats exactly), ``num_restarts`` initialisations vmapped (keys ``split(key, num_restarts)``; one run
+    starts from ``init(key)``); the run with the highest final ELBO wins
+    (CAVI finds local optima, e.g. both duplicates on). ``inference.loop.Run`` (``info.objective`` the ELBO trace)."""
+    k_init, k_step = kernel(bool(learn))
+    vp = VBProblem(pb, jnp.asarray(float(init_logit_rho)), jnp.asarray(bool(update_switches)))
+    # a single run starts from init(key) itself (as before the loop existed: the tests' measured optima)
+    start = jax.tree.map(lambda a: a[None], k_init(key, vp)) if num_restarts == 1 else None
+    return run_until_converged(k_init, k_step, vp, key, StopRule(int(max_iter), float(tol), "relative"),
+                               num_restarts=num_restarts, progress=progress, desc="gp_alps vbem", init_state=start)
 
 
-def run_restarts(key, pb: Problem, learn, max_iter=200, init_logit_rho=10.0, num_restarts=4, progress=None):
-    """``num_restarts`` independent initialisations; keeps the run with the highest final ELBO (CAVI
-    finds local optima, e.g. both duplicates on). Returns (state, info, elbo_final per restart)."""
-    keys = jax.random.split(key, num_restarts)
-    if num_restarts == 1 or progress_enabled(progress):
-        runs = [run(k, pb, learn, max_iter, init_logit_rho, progress) for k in keys]
-        states = jax.tree.map(lambda *a: jnp.stack(a), *[r[0] for r in runs])
-        infos = jax.tree.map(lambda *a: jnp.stack(a), *[r[1] for r in runs])
-    else:
-        states, infos = jax.vmap(lambda k: _run_compiled(k, pb, learn, max_iter, init_logit_rho))(keys)
-    finals = infos.elbo[:, -1]
-    best = jnp.argmax(finals)
-    pick = lambda t: jax.tree.map(lambda a: a[best], t)
-    return pick(states), pick(infos), finals
-
-
-def run_lmm(key, pb: Problem, learn, max_iter=200):
+def run_lmm(key, pb: Problem, learn, max_iter=200) -> Run:
     """The plain LMM baseline (b = 1 for every latent, notes §2.2): the same sweeps with q(b) clamped at
     rho = 1 - 1e-13 (logit 30)."""
-    return _run_compiled(key, pb, learn, max_iter, 30.0, False)
+    return run(key, pb, learn, max_iter, init_logit_rho=30.0, update_switches=False)
 
 
-def predict(state: VBState, pb: Problem, learn, F_new):
+def predictive_moments(state: State, pb: Problem, learn, F_new):
     """Moment-matched Gaussian predictive of y at new inputs (``F_new`` (m, n_new, r), e.g. from
     ``zoo.gp_alps.predictive_factors``): mean sum_j rho_j m_ij d*_j and variance
-    sum_j [rho_j (m_ij^2 + s_ij)(d*_j^2 + V*_j) - rho_j^2 m_ij^2 d*_j^2] + E[sigma2_i]; both (n_new, p)."""
+    sum_j [rho_j (m_ij^2 + s_ij)(d*_j^2 + V*_j) - rho_j^2 m_ij^2 d*_j^2] + E[sigma2_i]; both (n_new, p).
+    The closed-form predictive of q itself (used to compare with the LMM baseline, notes T10); the model's
+    ``inference.predict`` works from any tree's draws (``inference.gp_alps.predict``)."""
     rho = jax.nn.sigmoid(state.logit_rho)
     d = jnp.einsum("jnr,jr->jn", F_new, state.mu)
     V = jnp.einsum("jnr,jrs,jns->jn", F_new, state.Sigma, F_new)
@@ -221,10 +229,10 @@ def predict(state: VBState, pb: Problem, learn, F_new):
     return mean.T, (var + noise[:, None]).T
 
 
-def sample_q(key, state: VBState, pb: Problem, learn, num_samples):
+def draw(key, state: State, num_samples, learn):
     """Draws of (u, H, sigma2, b) from q and log q at each (model sites u, H, sigma2, constrained space)."""
-    m, _, r = pb.F.shape
-    p = pb.Y.shape[1]
+    m, r = state.mu.shape
+    p = state.mH.shape[0]
     ku, kh, kb, kt = jax.random.split(key, 4)
     L = jnp.linalg.cholesky(state.Sigma)  # no jitter: log q must be the density of the stored q(u)
     eps = jax.random.normal(ku, (num_samples, m, r))
@@ -247,7 +255,7 @@ def sample_q(key, state: VBState, pb: Problem, learn, num_samples):
     return out, log_q
 
 
-def q_dataset(state: VBState, learn) -> xr.Dataset:
+def q_dataset(state: State, learn) -> xr.Dataset:
     """Group ``variational``: every parameter of q, so that ``log_q`` and the ELBO can be recomputed from the
     tree: mu (latent, rank), Sigma (latent, rank, rank_bis) of q(u_j); mH, sH (output, latent) of q(H_ij);
     rho (latent) = q(b_j = 1); a_tau, b_tau (output) of q(tau_i) = Gamma(shape, rate), i.e. q(sigma2_i) =
@@ -261,35 +269,28 @@ def q_dataset(state: VBState, learn) -> xr.Dataset:
     return xr.Dataset(ds)
 
 
-def _check(options):
-    if not isinstance(options["init_logit_rho"], int | float) or not np.isfinite(options["init_logit_rho"]):
-        raise ValueError(f"init_logit_rho: expected a finite number, got {options['init_logit_rho']!r}")
-    r = options["num_restarts"]
-    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-        raise ValueError(f"num_restarts: expected a positive integer, got {r!r}")
-
-
-@register_method("vbem", kind="variational", models=("gp_alps",), check=_check, options={
-    "max_iter": 200, "tol": 1e-8, "num_samples": 1000, "init_logit_rho": 10.0, "num_restarts": 4,
+@register_method("vbem", kind="variational", models=("gp_alps",), options={
+    "max_iter": Option(200, "positive_int", "CAVI sweeps at most", tiny=20),
+    "tol": Option(1e-8, "positive", "stop when a sweep changes the ELBO by <= tol x |ELBO|"),
+    "num_samples": Option(1000, "positive_int", "draws from the fitted q", tiny=20),
+    "init_logit_rho": Option(10.0, "real", "initial logit of q(b_j = 1) (10: every latent on, notes §3.2)"),
+    "num_restarts": Option(4, "positive_int", "independent initialisations (vmapped); the highest final ELBO wins",
+                           tiny=2),
 })
 def run_vbem(ctx: FitContext) -> Draws:
     """Closed-form mean-field VB-EM with Bernoulli q(b) (notes §3.2); deterministic ELBO per sweep."""
     o = ctx.options
     pb, learn = problem(ctx)
     k_init, k_draw = jax.random.split(ctx.key)
-    state, info, finals = run_restarts(k_init, pb, learn, o["max_iter"], float(o["init_logit_rho"]),
-                                       o["num_restarts"], o["progress"])
-    draws, log_q = jax.jit(lambda k: sample_q(k, state, pb, learn, o["num_samples"]))(k_draw)
-    elbo_tr = np.asarray(info.elbo)
-    rel = np.abs(np.diff(elbo_tr)) / np.maximum(1.0, np.abs(elbo_tr[1:]))
-    conv = np.flatnonzero(rel < o["tol"])
+    r = run(k_init, pb, learn, o["max_iter"], o["tol"], o["init_logit_rho"], o["num_restarts"], progress=o["progress"])
+    state = r.state
+    draws, log_q = jax.jit(lambda k: draw(k, state, o["num_samples"], learn))(k_draw)
     rho = np.asarray(jax.nn.sigmoid(state.logit_rho))
     return Draws(posterior={k: np.asarray(v)[None] for k, v in draws.items()},
                  sample_stats={"log_q": np.asarray(log_q)[None]},
-                 traces={"elbo": elbo_tr, "rho": np.asarray(info.rho)},
+                 traces={"elbo": np.asarray(r.info.objective), "rho": np.asarray(r.info.rho)},
                  dims={"b": ["latent"], "rho": ["iteration", "latent"]},
                  groups={"variational": q_dataset(state, learn)},
-                 attrs={"elbo_final": float(elbo_tr[-1]), "rho": rho.tolist(),
-                        "elbo_final_per_restart": np.asarray(finals).tolist(),
-                        "converged_iteration": int(conv[0] + 1) if conv.size else -1,
-                        "q_H_mean": np.asarray(state.mH).tolist(), "q_H_var": np.asarray(state.sH).tolist()})
+                 attrs={"rho": rho.tolist(), "objective_per_restart": np.asarray(r.objective_per_restart).tolist(),
+                        "q_H_mean": np.asarray(state.mH).tolist(), "q_H_var": np.asarray(state.sH).tolist()},
+                 objective=r.objective, converged=r.converged, n_iter=r.n_iter)

@@ -29,9 +29,16 @@ Spaces: there is no closed-form bound; ``elbo_relaxed`` is the 4-particle estima
 each step (its own space (u, H, z, sigma2), at the step's temperature). ``log_q`` is the density of the guide's
 q(u) q(H) q(sigma2) at the draws of gp_alps' sites (u, H, sigma2): the model sums b out, so z is not in it. The
 guide's parameters and the last temperature are stored in group ``variational``.
+
+Kernel shape: ``init(key, problem)`` (``SVI.init``), ``step(key, state, problem)`` (one Adam step at the
+schedule's temperature; ``Info.objective`` = the step's relaxed ELBO estimate), run for exactly ``num_steps``
+steps by ``inference.loop.run_until_converged`` (no early stop: the estimate is noisy).
 """
 
 from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +50,8 @@ import xarray as xr
 from numpyro.distributions import constraints
 from numpyro.infer import SVI, Trace_ELBO
 
-from inference._methods import Draws, FitContext, register_method
+from inference._methods import Draws, FitContext, Option, register_method
+from inference.loop import StopRule, run_until_converged
 
 LAM_P = 0.5
 
@@ -91,25 +99,59 @@ def guide(F, Y, theta, s, sigma2, a0, b0, lam_q=0.66):
         numpyro.sample("sigma2", dist.LogNormal(loc, scale).to_event(1))
 
 
-def fit_params(key, kw, num_steps, learning_rate=0.01, num_particles=4, schedule="paper"):
-    """Adam on the relaxed ELBO with the temperature schedule; returns (params, losses, temperatures)."""
-    svi = SVI(relaxed_model, guide, optax.adam(learning_rate), Trace_ELBO(num_particles=num_particles))
-    ks = jnp.arange(num_steps)
-    temps = temperature(ks, num_steps) if schedule == "paper" else jnp.full((num_steps,), 0.66)
+class State(NamedTuple):
+    svi: Any            # numpyro SVIState (optimiser state and the guide's rng key)
+    t: jax.Array        # steps taken
 
-    @jax.jit
-    def go(key):
-        state = svi.init(key, **kw, lam_q=temps[0])
 
-        def body(st, lam):
-            st, loss = svi.update(st, **kw, lam_q=lam)
-            return st, loss
+class Info(NamedTuple):
+    objective: jax.Array    # -loss: the num_particles-sample relaxed ELBO estimate at this step
+    temperature: jax.Array  # lam_q used at this step
 
-        state, losses = jax.lax.scan(body, state, temps)
-        return svi.get_params(state), losses
 
-    params, losses = go(key)
-    return params, losses, temps
+class SVIProblem(NamedTuple):
+    """The loop's problem: the model's inputs (``_kw``), the number of steps N of the schedule and whether the
+    B.7 schedule is used (False: constant 0.66)."""
+
+    kw: dict
+    num_steps: jax.Array
+    paper_schedule: jax.Array
+
+
+@functools.lru_cache(maxsize=16)
+def _svi(learning_rate: float, num_particles: int) -> SVI:
+    return SVI(relaxed_model, guide, optax.adam(learning_rate), Trace_ELBO(num_particles=num_particles))
+
+
+def _temperature_at(problem: SVIProblem, t):
+    return jnp.where(problem.paper_schedule, temperature(t, problem.num_steps), 0.66)
+
+
+def init(key, problem: SVIProblem, svi: SVI) -> State:
+    return State(svi.init(key, **problem.kw, lam_q=_temperature_at(problem, 0.0)), jnp.asarray(0))
+
+
+def step(key, state: State, problem: SVIProblem, svi: SVI) -> tuple[State, Info]:
+    """One Adam step on the relaxed ELBO at temperature lam_q(t, N) (``key`` unused: the SVI state carries its own)."""
+    lam = _temperature_at(problem, state.t)
+    st, loss = svi.update(state.svi, **problem.kw, lam_q=lam)
+    return State(st, state.t + 1), Info(objective=-loss, temperature=lam)
+
+
+@functools.lru_cache(maxsize=16)
+def kernel(learning_rate: float, num_particles: int):
+    """(init, step) for the loop, one pair per optimiser setting (compiled chunks reused across fits)."""
+    svi = _svi(learning_rate, num_particles)
+    return functools.partial(init, svi=svi), functools.partial(step, svi=svi)
+
+
+def fit_params(key, kw, num_steps, learning_rate=0.01, num_particles=4, schedule="paper", progress=None):
+    """Adam on the relaxed ELBO with the temperature schedule; returns (params, relaxed ELBO trace, temperatures)."""
+    k_init, k_step = kernel(float(learning_rate), int(num_particles))
+    problem = SVIProblem(kw, jnp.asarray(float(num_steps)), jnp.asarray(schedule == "paper"))
+    r = run_until_converged(k_init, k_step, problem, key, StopRule(int(num_steps)), progress=progress,
+                            desc="gp_alps svi_concrete")
+    return _svi(float(learning_rate), int(num_particles)).get_params(r.state.svi), r.info.objective, r.info.temperature
 
 
 def sample_q(key, params, learn, num_samples):
@@ -148,13 +190,13 @@ def _kw(ctx):
             "s": mk["s"], "sigma2": mk["sigma2"], "a0": mk["a0"], "b0": mk["b0"]}
 
 
-def _check(options):
-    if options["schedule"] not in ("paper", "constant"):
-        raise ValueError(f"schedule: expected 'paper' (App. B.7) or 'constant' (0.66), got {options['schedule']!r}")
-
-
-@register_method("svi_concrete", kind="variational", models=("gp_alps",), check=_check, options={
-    "num_steps": 5000, "learning_rate": 0.01, "num_particles": 4, "num_samples": 1000, "schedule": "paper",
+@register_method("svi_concrete", kind="variational", models=("gp_alps",), options={
+    "num_steps": Option(5000, "positive_int", "Adam steps (the B.7 schedule spans them)", tiny=50),
+    "learning_rate": Option(0.01, "positive", "Adam step size"),
+    "num_particles": Option(4, "positive_int", "Monte Carlo samples per ELBO estimate (the paper's S)"),
+    "num_samples": Option(1000, "positive_int", "draws from the fitted guide", tiny=20),
+    "schedule": Option("paper", "string", "posterior temperature: 'paper' (App. B.7 bump) or 'constant' (0.66)",
+                       choices=("paper", "constant")),
 })
 def run_svi_concrete(ctx: FitContext) -> Draws:
     """The paper's App. B scheme: binary-Concrete q(b) and Concrete prior (lam_p = 1/2), the B.7 temperature
@@ -162,14 +204,15 @@ def run_svi_concrete(ctx: FitContext) -> Draws:
     o = ctx.options
     kw = _kw(ctx)
     k_fit, k_draw = jax.random.split(ctx.key)
-    params, losses, temps = fit_params(k_fit, kw, o["num_steps"], o["learning_rate"], o["num_particles"],
-                                       o["schedule"])
+    params, elbo, temps = fit_params(k_fit, kw, o["num_steps"], o["learning_rate"], o["num_particles"],
+                                     o["schedule"], o["progress"])
     learn = kw["sigma2"] is None
     draws, log_q = jax.jit(lambda k: sample_q(k, params, learn, o["num_samples"]))(k_draw)
     rho = np.asarray(jax.nn.sigmoid(params["logit_rho"]))
     return Draws(posterior={k: np.asarray(v)[None] for k, v in draws.items()},
                  sample_stats={"log_q": np.asarray(log_q)[None]},
-                 traces={"elbo_relaxed": -np.asarray(losses), "temperature": np.asarray(temps)},
+                 traces={"elbo_relaxed": np.asarray(elbo), "temperature": np.asarray(temps)},
                  dims={"b": ["latent"]}, groups={"variational": q_dataset(params, float(temps[-1]))},
                  attrs={"rho": rho.tolist(), "q_H_mean": np.asarray(params["mH"]).tolist(),
-                        "q_H_var": np.asarray(params["sH"]).tolist()})
+                        "q_H_var": np.asarray(params["sH"]).tolist()},
+                 converged=False, n_iter=int(np.asarray(elbo).shape[0]))

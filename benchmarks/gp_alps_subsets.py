@@ -5,7 +5,7 @@ Protocol (notes E10, the paper leaves it unstated): standardised features and ta
 (seed 0); GP-ALPS = additive unit-lengthscale RBF latents, one per feature, p = 1, fitted by ``vbem``
 (learned noise); selected = {j : rho_j > 0.5} (median-probability model, notes §3.8). Each subset model is
 KRR with a *joint* unit-lengthscale RBF exp(-||t_S - t'_S||^2 / 2) on the subset and alpha = 0.1 (the
-additive-kernel ranking is reported too). Run ``python -m inference.gp_alps_subsets [diabetes|boston]``.
+additive-kernel ranking is reported too). Run ``python -m benchmarks.gp_alps_subsets [diabetes|boston]``.
 Set ``OMP_NUM_THREADS=1`` for the many small solves on 2 cores (notes §5.5).
 """
 

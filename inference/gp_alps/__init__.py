@@ -1,0 +1,13 @@
+"""GP-ALPS (paper 4, notes ``shared/notes/003_gp_alps.md``): multi-output GP linear mixing with switches.
+
+One algorithm per module:
+
+* ``common``:  the problem arrays every kernel needs, the corrected switch conditional (E3), the exact
+  switch posterior on orthogonal designs (the test oracle);
+* ``vbem``:    closed-form mean-field VB-EM (CAVI) with a true Bernoulli q(b) (method ``vbem``);
+* ``gibbs``:   collapsed / uncollapsed Gibbs with the swap move (method ``gibbs``);
+* ``svi``:     the paper's binary-Concrete SVI with the App. B.7 temperature schedule (``svi_concrete``);
+* ``predict``: the ``inference.predict`` predictor of ``gp_alps``, from any method's posterior draws.
+
+The paper-reproduction script (§4.3, subset ranking) is ``benchmarks/gp_alps_subsets.py``.
+"""
