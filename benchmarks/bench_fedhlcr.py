@@ -13,7 +13,7 @@ import os
 import jax
 import numpy as np
 
-from inference.hlcr import federated as fed
+from inference.hlcr import federated
 from inference.hlcr import fedgibbs as hf
 from inference.hlcr import gibbs as hg
 from inference.hlcr.common import make_hyper, pair_data
@@ -47,7 +47,7 @@ def main(h) -> None:
     for seed in SEEDS:
         train, test, orc = dataset(seed)
         oracle.append(orc)
-        agents, tests = fed.split_by_agent(train), fed.split_test_like(test, train)
+        agents, tests = federated.split_by_agent(train), federated.split_test_like(test, train)
         for g in GAMMAS:
             res, _, _ = hf.run_federated(agents, HYPER, jax.random.key(100 + seed), max_iter=ROUNDS, gamma=g,
                                          participation=0.15, test=tests, chunk=ROUNDS)
@@ -78,7 +78,7 @@ def main(h) -> None:
 
     # cost of one round (all agents, vmapped, in-process) next to one centralised sweep, same data
     train, _, _ = dataset(0)
-    agents = fed.split_by_agent(train)
+    agents = federated.split_by_agent(train)
     pdat = pair_data(model_inputs(train, {**HYPER, "alpha": None, "beta": 1.0}))
     hyper = make_hyper({**HYPER, "alpha": None, "beta": 1.0}, len(agents))
     key = jax.random.key(0)

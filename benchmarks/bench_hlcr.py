@@ -44,7 +44,8 @@ def _sweeper(pdat, H, kernel, events, n_sweeps):
     @jax.jit
     def run(key):
         keys = jax.random.split(key, n_sweeps)
-        s, _ = jax.lax.scan(lambda s, k: (hg.sweep(k, s, hg.Problem(pdat, events), H, "exact", kernel)[0], None), state0, keys)
+        problem = hg.Problem(pdat, events)
+        s, _ = jax.lax.scan(lambda s, k: (hg.sweep(k, s, problem, H, "exact", kernel)[0], None), state0, keys)
         return s.z
 
     return lambda: run(jax.random.key(0))

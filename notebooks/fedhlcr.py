@@ -56,7 +56,7 @@ import numpyro  # noqa: F401  (before arviz)
 from sklearn.metrics import adjusted_rand_score
 
 import inference
-from inference.hlcr import federated as fed
+from inference.hlcr import federated
 from inference.hlcr import fedgibbs as hf
 from zoo.hlcr import simulate, split_events
 
@@ -84,13 +84,13 @@ t0 = time.time()
 gibbs = inference.fit("hlcr", train, "gibbs", seed=0, num_warmup=ROUNDS, num_samples=1, num_chains=1, **HYPER)
 t_gibbs = time.time() - t0
 t0 = time.time()
-runs = [hf.run_federated(fed.split_by_agent(train), HYPER, jax.random.key(r), max_iter=ROUNDS)
+runs = [hf.run_federated(federated.split_by_agent(train), HYPER, jax.random.key(r), max_iter=ROUNDS)
         for r in range(3)]   # three restarts, kept apart to show their curves (fit's num_restarts keeps the best)
 t_fed = time.time() - t0
 ari_central = adjusted_rand_score(truth["z"], gibbs["posterior"]["z"].values[0, -1])
 lj = np.stack([res.history["log_joint"] for res, _, _ in runs], 1)
 best = int(np.argmax(lj[-1]))
-ari_fed = [adjusted_rand_score(truth["z"], fed.global_labels(res, index)) for res, index, _ in runs]
+ari_fed = [adjusted_rand_score(truth["z"], federated.global_labels(res, index)) for res, index, _ in runs]
 print(f"centralised Gibbs after {ROUNDS + 1} sweeps: ARI {ari_central:.3f} ({t_gibbs:.1f} s incl. compile)")
 print(f"FedHLCR after {ROUNDS} rounds: ARI per restart {np.round(ari_fed, 3)}, best-by-log-joint restart {best}: "
       f"ARI {ari_fed[best]:.3f} ({t_fed:.1f} s incl. compile)")
@@ -140,8 +140,8 @@ print("bytes per agent message:", audit["message_nbytes"], "| total uploaded:", 
 # its own held-out events and reports only its summed squared error).
 
 # %%
-agents = fed.split_by_agent(train)
-tests = fed.split_test_like(test, train)
+agents = federated.split_by_agent(train)
+tests = federated.split_test_like(test, train)
 curves = {}
 for gamma in GAMMAS:
     res, _, _ = hf.run_federated(agents, HYPER, jax.random.key(1), max_iter=SWEEP_ROUNDS, gamma=gamma,

@@ -16,11 +16,11 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 import inference
+from inference.distributed.protocol import node_key
 from inference.hlcr import federated as fed
 from inference.hlcr import fedgibbs as hf
 from inference.hlcr import fedvb as fvb
 from inference.hlcr import gibbs as hg
-from inference.distributed.protocol import node_key
 from inference.hlcr.common import cluster_state, make_hyper, pair_data
 from zoo.hlcr import model_inputs, pair_structure, simulate, split_events
 

@@ -398,21 +398,21 @@ def test_hlcr_rejects_bad_data():
 def test_predict_from_a_gibbs_tree_and_a_nuts_tree_through_inference_predict_agree():
     """``inference.predict`` (the registered ``hlcr`` predictor) from a Gibbs tree (label draws, Theorem 2 given
     z) and from a NUTS tree (no labels: per-draw label posterior of each known pair) of the same well-separated
-    data: the predictive means of held-out events agree within 0.25 of the noise sd, both intervals cover the
-    held-out events at about the nominal rate, and a new agent gets the cold-start (psi) mixture."""
+    data: the predictive means of held-out events agree within 0.25 of the noise sd and the predictive sds
+    within 25 %; a new agent gets the cold-start (psi) mixture."""
     from zoo.hlcr import simulate
 
     data, _ = simulate(1, n_agents=6, mean_entities=2.0, mean_events=12.0, K=2, F=2, sigma=0.3, delta=2.0)
     train, test = split_events(data, 0.2, seed=0)
     hyper = {"K": 2, "sigma": 0.3, "delta": 2.0}
     new = {k: test[k] for k in ("X", "agent", "entity")}
-    g = predict(fit("hlcr", train, "gibbs", seed=0, num_warmup=50, num_samples=200, num_chains=1, **hyper), new)
-    n = predict(fit("hlcr", train, "nuts", seed=0, num_warmup=300, num_samples=300, num_chains=1, **hyper), new)
+    gibbs = fit("hlcr", train, "gibbs", seed=0, num_warmup=50, num_samples=200, num_chains=1, **hyper)
+    g = predict(gibbs, new)
+    n = predict(fit("hlcr", train, "nuts", seed=0, num_warmup=200, num_samples=200, num_chains=1, **hyper), new)
     assert g["known_pair"].all() and n["known_pair"].all()
     assert np.max(np.abs(g["mean"] - n["mean"])) < 0.25 * 0.3
+    np.testing.assert_allclose(n["sd"], g["sd"], rtol=0.25)
     for p in (g, n):
         assert np.all(p["lower"] < p["mean"]) and np.all(p["mean"] < p["upper"])
-        assert np.mean((test["y"] >= p["lower"]) & (test["y"] <= p["upper"])) >= 0.75
-    cold = {"X": test["X"][:3], "agent": np.full(3, 10**6), "entity": np.zeros(3, int)}
-    assert not predict(fit("hlcr", train, "gibbs", seed=0, num_warmup=5, num_samples=5, num_chains=1, **hyper),
-                       cold)["known_pair"].any()
+    cold = predict(gibbs, {"X": test["X"][:3], "agent": np.full(3, 10**6), "entity": np.zeros(3, int)})
+    assert not cold["known_pair"].any() and np.all(cold["sd"] > g["sd"][:3].min())

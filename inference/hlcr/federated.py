@@ -16,7 +16,6 @@ after another (actors are processes, they cannot be vectorised).
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax

@@ -406,7 +406,8 @@ def run_fedgibbs(ctx: FitContext) -> Draws:
     post = {"z": np.broadcast_to(z, (1, S, len(z))), "w": np.asarray(w)[None],
             "psi": np.broadcast_to(np.exp(np.asarray(sv.log_psi)), (1, S, K)), "theta": np.asarray(theta)[None]}
     attrs = {"num_agents": len(agents), "objective_per_restart": audit["objective_per_restart"],
-             "protocol_audit": json.dumps({k: audit[k] for k in ("uplink", "downlink", "monitoring", "message_nbytes")}),
+             "protocol_audit": json.dumps({k: audit[k] for k in ("uplink", "downlink", "monitoring",
+                                                                 "message_nbytes")}),
              "bytes_uploaded_total": int(sum(audit["bytes_uploaded_per_round"])),
              "gamma": float(o["gamma"]), "participation": float(o["participation"]), "dropout": float(o["dropout"]),
              "leave_own_out": int(o["leave_own_out"]), "dp_noise_scale": float(o["dp_noise_scale"])}

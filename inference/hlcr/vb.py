@@ -249,13 +249,15 @@ def run_vbem(ctx: FitContext) -> Draws:
     res = run(k_init, pdat, hyper, max_iter=o["max_iter"], tol=o["tol"], num_restarts=o["num_restarts"],
               progress=o["progress"])
     state = res.state
+    # the bound per iteration, over max_iter entries: flat after the stopping rule fired (the state is frozen)
+    trace = np.pad(np.asarray(res.info.objective), (0, o["max_iter"] - res.n_iter), mode="edge")
     w, theta, z, log_q = jax.jit(draw, static_argnums=2)(k_draw, state, o["num_samples"])
     S = o["num_samples"]
     psi = jnp.broadcast_to(jnp.exp(state.log_psi), (S, hyper.K))
     add_chain = lambda x: np.asarray(x)[None]  # noqa: E731
     return Draws(posterior={"w": add_chain(w), "psi": add_chain(psi), "theta": add_chain(theta), "z": add_chain(z)},
                  sample_stats={"log_q": add_chain(log_q)},
-                 traces={"elbo": np.asarray(res.info.objective)},
+                 traces={"elbo": trace},
                  attrs={"objective_per_restart": [float(v) for v in res.objective_per_restart],
                         "psi_point_estimate": "psi is a MAP point estimate; log_q covers (w, theta) only"},
                  groups={"vbem": q_dataset(state)}, objective=res.objective, converged=res.converged,
