@@ -5,8 +5,8 @@ A protocol (``inference.distributed.Protocol``: ``local_step`` per agent, ``aggr
 a kernel with ``protocol_kernel``: the ``State`` is the in-process runner's carry (agents' states, their last
 messages, the inboxes, the server state) plus the agents' key, and one ``step`` is one synchronous round
 (``inference.distributed.make_round``). Agent i's key in round t is ``fold_in(fold_in(k_agents, t), i)``
-(``k_agents, k_server = split(key)``), the scheme of the Ray runner too, so the in-process and Ray runs give the
-same iterates: the step key the loop passes is not used. ``Info.objective`` is the protocol's summary of the
+(``k_agents, k_server = split(key)`` when the server draws random numbers, else
+``k_agents = key``), the scheme of the Ray runner too, so the in-process and Ray runs give the same iterates: the step key the loop passes is not used. ``Info.objective`` is the protocol's summary of the
 round (the collapsed log joint for fedgibbs, the bound for fedvb), computed by the server from cluster-indexed
 messages and per-agent monitoring scalars only. ``run_protocol`` runs ``max_iter`` rounds with
 ``inference.loop.run_until_converged``, ``num_restarts`` restarts vectorised (the highest final objective is
@@ -228,11 +228,11 @@ def protocol_kernel(protocol: Protocol, participation, objective: str, seed_serv
     one_round = make_round(protocol, participation)
 
     def init(key, shards) -> State:
+        if seed_server is None:   # a server without randomness: the agents get the key itself
+            return State(initial_carry(protocol, shards, key), key)
         k_agents, k_server = jax.random.split(key)
         carry = initial_carry(protocol, shards, k_agents)
-        if seed_server is not None:
-            carry = carry._replace(server=seed_server(carry.server, k_server))
-        return State(carry, k_agents)
+        return State(carry._replace(server=seed_server(carry.server, k_server)), k_agents)
 
     def step(key, state: State, shards):
         carry, (summary, active) = one_round(state.carry, shards, state.key)

@@ -138,7 +138,7 @@ def run_federated_vb(agents, hyper: dict, key: jax.Array, *, max_iter: int = 100
         results = []
         for k in jax.random.split(key, num_restarts) if num_restarts > 1 else [key]:   # actors: one run at a time
             proto, log = audited(make_protocol(vb_hyper, F))
-            res = run_ray(proto, shards, jax.random.split(k)[0], max_rounds=max_iter, on_node_failure=on_node_failure,
+            res = run_ray(proto, shards, k, max_rounds=max_iter, on_node_failure=on_node_failure,
                           participation=participation_fn(float(participation), float(dropout)), callback=callback,
                           progress=progress)
             results.append((float(res.history["elbo"][-1]), res, log))
