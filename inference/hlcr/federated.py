@@ -7,7 +7,8 @@ messages, the inboxes, the server state) plus the agents' key, and one ``step`` 
 (``inference.distributed.make_round``). Agent i's key in round t is ``fold_in(fold_in(k_agents, t), i)``
 (``k_agents, k_server = split(key)`` when the server draws random numbers, else
 ``k_agents = key``), the scheme of the Ray runner too, so the in-process and Ray runs give the same iterates:
-the step key the loop passes is not used. ``Info.objective`` is the protocol's summary of the round (the collapsed log joint for fedgibbs, the bound for fedvb), computed by the server from cluster-indexed
+the step key the loop passes is not used. ``Info.objective`` is the protocol's summary of the round (the collapsed
+log joint for fedgibbs, the bound for fedvb), computed by the server from cluster-indexed
 messages and per-agent monitoring scalars only. ``run_protocol`` runs ``max_iter`` rounds with
 ``inference.loop.run_until_converged``, ``num_restarts`` restarts vectorised (the highest final objective is
 kept); with ``runner="ray"`` the rounds run on Ray actors (``inference.distributed.run_ray``) and restarts one
