@@ -248,17 +248,21 @@ def message_nbytes(protocol: Protocol, shards) -> int:
 
 
 def run_protocol(kernel: Kernel, shards, key, *, max_iter: int, num_restarts: int = 1, chunk: int = 50,
-                 progress=None, server_key=None, seed_server=None) -> tuple[RunResult, np.ndarray]:
+                 progress=None, server_key=None, seed_server=None,
+                 restart_keys=None) -> tuple[RunResult, np.ndarray]:
     """``max_iter`` rounds of ``kernel`` in process (``inference.loop.run_until_converged``; the objective
-    never stops the rounds early). One run (``num_restarts=1``) starts from ``kernel.init(key)`` itself
-    (``server_key`` overrides its server key); restarts from ``split(key, num_restarts)``. Returns the
-    ``RunResult`` of the kept run and every restart's final objective."""
-    init_state = None
-    if num_restarts == 1:
-        state = jax.jit(kernel.init)(key, shards)
-        if server_key is not None:
-            state = state._replace(carry=state.carry._replace(server=seed_server(state.carry.server, server_key)))
-        init_state = jax.tree.map(lambda a: a[None], state)
+    never stops the rounds early). One run (``num_restarts=1``) starts from ``kernel.init(key)`` itself;
+    restarts from ``split(key, num_restarts)``, or from ``restart_keys`` (one per restart) when given;
+    ``server_key`` overrides every run's server key. Returns the ``RunResult`` of the kept run and every
+    restart's final objective."""
+    if restart_keys is None:
+        restart_keys = key[None] if num_restarts == 1 else jax.random.split(key, num_restarts)
+    num_restarts = int(restart_keys.shape[0])
+    state = jax.jit(jax.vmap(kernel.init, in_axes=(0, None)))(restart_keys, shards)
+    if server_key is not None:
+        server = seed_server(state.carry.server, jnp.broadcast_to(server_key, (num_restarts,)))
+        state = state._replace(carry=state.carry._replace(server=server))
+    init_state = state
     run = run_until_converged(kernel.init, kernel.step, shards, key, StopRule(max_iter), num_restarts=num_restarts,
                               chunk=chunk, progress=progress, desc=kernel.protocol.name, init_state=init_state)
     nbytes = message_nbytes(kernel.protocol, shards)

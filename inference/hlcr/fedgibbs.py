@@ -323,14 +323,14 @@ def run_federated(agents, hyper: dict, key: jax.Array, *, max_iter: int = 20, ga
                   prior: str = "exact", dp_noise_scale: float = 0.0, runner: str = "inprocess",
                   on_node_failure: str = "continue", chunk: int = 50, z_init=None, progress=None,
                   callback=None, ray_init: dict | None = None, server_key: jax.Array | None = None,
-                  test=None, num_restarts: int = 1):
+                  test=None, num_restarts: int = 1, restart_keys=None):
     """Run FedHLCR on per-agent datasets ``agents = [{X, y, entity}, ...]``. Every input is checked before any
     round. The agents get ``k_agents = split(key)[0]`` (agent i's key in round t is
     ``fold_in(fold_in(k_agents, t), i)``); ``server_key`` (default ``split(key)[1]``) seeds the server's psi
-    draws; ``num_restarts > 1`` runs restarts from ``split(key, num_restarts)`` and keeps the highest final log
-    joint. Returns ``(RunResult, index, audit)``: ``index`` (J, P) maps agent slots to global pairs, ``audit``
-    the records of everything that crossed the transport (``uplink``, ``downlink``, ``monitoring``) and
-    ``objective_per_restart``.
+    draws; ``num_restarts > 1`` runs restarts from ``split(key, num_restarts)`` (or from ``restart_keys``, one
+    key per restart) and keeps the highest final log joint. Returns ``(RunResult, index, audit)``: ``index``
+    (J, P) maps agent slots to global pairs, ``audit`` the records of everything that crossed the transport
+    (``uplink``, ``downlink``, ``monitoring``) and ``objective_per_restart``.
     ``test``: optional per-agent held-out events (``split_by_agent`` of a test split); the history then has
     ``mse``, the held-out mean squared error of every agent's latest labels under the cluster means it was
     sent (each agent reports only its sum of squared errors and its count)."""
@@ -354,7 +354,9 @@ def run_federated(agents, hyper: dict, key: jax.Array, *, max_iter: int = 20, ga
         from inference.distributed.ray_runner import run_ray
 
         results = []
-        for k in jax.random.split(key, num_restarts) if num_restarts > 1 else [key]:   # actors: one run at a time
+        if restart_keys is None:
+            restart_keys = jax.random.split(key, num_restarts) if num_restarts > 1 else key[None]
+        for k in restart_keys:   # actors: one run at a time
             k_agents, k_server = jax.random.split(k)
             proto, log = audited(make_protocol(cfg, k_server if server_key is None else server_key))
             res = run_ray(proto, shards, k_agents, max_rounds=max_iter, on_node_failure=on_node_failure,
@@ -366,7 +368,8 @@ def run_federated(agents, hyper: dict, key: jax.Array, *, max_iter: int = 20, ga
     else:
         kern, log = kernel(cfg, float(participation), float(dropout))
         res, finals = run_protocol(kern, shards, key, max_iter=max_iter, num_restarts=num_restarts, chunk=chunk,
-                                   progress=progress, server_key=server_key, seed_server=_seed_server)
+                                   progress=progress, server_key=server_key, seed_server=_seed_server,
+                                   restart_keys=restart_keys)
     audit = audit_of(log, res)
     audit["objective_per_restart"] = [float(v) for v in finals]
     return res, index, audit
@@ -386,13 +389,17 @@ def run_fedgibbs(ctx: FitContext) -> Draws:
     agents = split_by_agent(ctx.data, o["num_agents"])
     h = resolve_hyper(ctx.hyper)
     K = int(h["K"])
-    k_run, k_draw = jax.random.split(ctx.key)
+    # restart r runs from fold_in(key, r) with one server key for all (the keys of the earlier per-restart
+    # loop, so draws for a seed are unchanged); the kept restart's (w, theta) draws use fold_in(key, 2e6 + r)
+    restart_keys = jnp.stack([jax.random.fold_in(ctx.key, r) for r in range(o["num_restarts"])])
     res, index, audit = run_federated(
-        agents, h, k_run, max_iter=o["max_iter"], gamma=o["gamma"], participation=o["participation"],
+        agents, h, restart_keys[0], restart_keys=restart_keys, server_key=jax.random.fold_in(ctx.key, 10**6),
+        max_iter=o["max_iter"], gamma=o["gamma"], participation=o["participation"],
         dropout=o["dropout"], leave_own_out=o["leave_own_out"], prior=o["prior"], dp_noise_scale=o["dp_noise_scale"],
         runner=o["runner"], on_node_failure=o["on_node_failure"], chunk=o["chunk"], z_init=o["z_init"],
         progress=o["progress"], num_restarts=o["num_restarts"])
     z = global_labels(res, index)
+    k_draw = jax.random.fold_in(ctx.key, 2 * 10**6 + int(np.argmax(audit["objective_per_restart"])))
     sv = res.server_state
     D = jnp.eye(agents[0]["X"].shape[1]) / h["delta"] ** 2 + jnp.asarray(sv.D)
     ps = pair_structure(ctx.data["agent"], ctx.data["entity"])
