@@ -13,9 +13,10 @@ import os
 import jax
 import numpy as np
 
-from inference import hlcr_fed as hf
-from inference import hlcr_gibbs as hg
-from inference.hlcr_common import pair_data
+from inference.hlcr import federated
+from inference.hlcr import fedgibbs as hf
+from inference.hlcr import gibbs as hg
+from inference.hlcr.common import make_hyper, pair_data
 from zoo.hlcr import model_inputs, simulate, split_events
 
 SMALL = os.environ.get("BENCH_FEDHLCR_SMALL", "0") == "1"
@@ -46,7 +47,7 @@ def main(h) -> None:
     for seed in SEEDS:
         train, test, orc = dataset(seed)
         oracle.append(orc)
-        agents, tests = hf.split_by_agent(train), hf.split_test_like(test, train)
+        agents, tests = federated.split_by_agent(train), federated.split_test_like(test, train)
         for g in GAMMAS:
             res, _, _ = hf.run_federated(agents, HYPER, jax.random.key(100 + seed), max_iter=ROUNDS, gamma=g,
                                          participation=0.15, test=tests, chunk=ROUNDS)
@@ -77,9 +78,9 @@ def main(h) -> None:
 
     # cost of one round (all agents, vmapped, in-process) next to one centralised sweep, same data
     train, _, _ = dataset(0)
-    agents = hf.split_by_agent(train)
+    agents = federated.split_by_agent(train)
     pdat = pair_data(model_inputs(train, {**HYPER, "alpha": None, "beta": 1.0}))
-    hyper = hg.make_hyper({**HYPER, "alpha": None, "beta": 1.0}, len(agents))
+    hyper = make_hyper({**HYPER, "alpha": None, "beta": 1.0}, len(agents))
     key = jax.random.key(0)
     n = 20
 
@@ -87,7 +88,7 @@ def main(h) -> None:
         return hf.run_federated(agents, HYPER, key, max_iter=n, chunk=n)[0].history["log_joint"]
 
     def central():
-        return hg.run(key, pdat, hyper, num_warmup=0, num_samples=n, num_chains=1)[1]["log_joint_collapsed"]
+        return hg.run(key, hg.Problem(pdat), hyper, num_warmup=0, num_samples=n, num_chains=1)[1]["log_joint_collapsed"]
 
     h.compare(f"{n} FedHLCR rounds (in-process runner, {len(agents)} agents vmapped) vs {n} centralised Gibbs sweeps",
               {"fedgibbs": fed, "gibbs": central}, baseline="gibbs", work=n, work_unit="sweeps",

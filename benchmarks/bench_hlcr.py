@@ -18,8 +18,8 @@ import numpy as np
 
 import zoo
 from inference import fit
-from inference import hlcr_gibbs as hg
-from inference.hlcr_common import pair_data
+from inference.hlcr import gibbs as hg
+from inference.hlcr.common import make_hyper, pair_data
 from zoo.hlcr import model_inputs, pair_structure
 
 SMALL = os.environ.get("HLCR_BENCH_SMALL", "0") == "1"
@@ -31,7 +31,7 @@ def _problem(n_agents, n_events, K, F, sigma=0.5, seed=0):
     hyper = {"K": K, "alpha": float(K), "beta": 1.0, "delta": 1.0, "sigma": sigma}
     inp = model_inputs(data, hyper)
     pdat = pair_data(inp)
-    H = hg.make_hyper(hyper, inp["n_agents"])
+    H = make_hyper(hyper, inp["n_agents"])
     ps = pair_structure(data["agent"], data["entity"])
     events = hg.events_by_pair(data["X"], data["y"], ps["pair"], ps["n_pairs"])
     return data, pdat, H, events
@@ -39,12 +39,13 @@ def _problem(n_agents, n_events, K, F, sigma=0.5, seed=0):
 
 def _sweeper(pdat, H, kernel, events, n_sweeps):
     """A compiled function running ``n_sweeps`` sweeps of one chain from a fixed state."""
-    state0 = hg.init(jnp.zeros(pdat.gs.shape[0], jnp.int32), pdat, H)
+    state0 = hg.state_from_labels(jnp.zeros(pdat.gs.shape[0], jnp.int32), pdat, H)
 
     @jax.jit
     def run(key):
         keys = jax.random.split(key, n_sweeps)
-        s, _ = jax.lax.scan(lambda s, k: (hg.step(k, s, pdat, H, "exact", kernel, events)[0], None), state0, keys)
+        problem = hg.Problem(pdat, events)
+        s, _ = jax.lax.scan(lambda s, k: (hg.sweep(k, s, problem, H, "exact", kernel)[0], None), state0, keys)
         return s.z
 
     return lambda: run(jax.random.key(0))

@@ -1,7 +1,7 @@
 """Measured error rates of the pass rule itself (issue 16, point 4), per model and exact method.
 
 **False alarms.** For every registered model and every method of kind ``"sampler"`` (``nuts`` everywhere, the
-collapsed Gibbs kernels of hlcr -- each ``kernel`` of ``inference.hlcr_gibbs.KERNELS`` -- and of gp_alps),
+collapsed Gibbs kernels of hlcr -- each ``kernel`` of ``inference.hlcr.gibbs.KERNELS`` -- and of gp_alps),
 ``N_RUNS`` = 20 independent runs at the demo's settings (``ModelSpec.demo_options``; seeds ``SEED_BASE + i``,
 never the reference's 0-2) on the stored reference's data (``references.reference_data``), each judged
 against the stored reference by ``diagnostics.method_scores``: the count of PASS (goal >= 19 of 20).

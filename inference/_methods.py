@@ -87,9 +87,11 @@ OPTION_CONSTRAINTS: dict[str, str] = {
 }
 
 KERNEL_MODULES: tuple[str, ...] = (
-    "inference.hlcr_gibbs",
-    "inference.hlcr_vb",
-    "inference.hlcr_fed",
+    "inference.hlcr.gibbs",
+    "inference.hlcr.vb",
+    "inference.hlcr.fedgibbs",
+    "inference.hlcr.fedvb",
+    "inference.hlcr.predict",
     "inference.mppca_vb",
     "inference.ssgp_vb",
     "inference.gp_alps.vbem",

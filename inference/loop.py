@@ -50,6 +50,8 @@ class StopRule(NamedTuple):
     kind: str = "relative"
 
     def reached(self, previous, current):
+        if self.tol <= 0:   # as documented: tol = 0 never stops early (not even on an exactly repeated value)
+            return jnp.zeros(jnp.shape(current), bool)
         change = current - previous if self.kind == "increase" else jnp.abs(current - previous)
         scale = 1.0 if self.kind == "absolute" else jnp.abs(current)
         return (self.tol > 0) & jnp.isfinite(previous) & (change <= self.tol * scale)

@@ -10,7 +10,7 @@ from hlcr_oracles import ari
 
 import zoo
 from inference import fit
-from inference.hlcr_common import cluster_posteriors, match_labels, pair_data
+from inference.hlcr.common import cluster_posteriors, match_labels, pair_data
 from zoo.hlcr import model_inputs
 
 C1 = dict(n_agents=64, mean_entities=4.0, mean_events=20.0, K=3, F=3, sigma=0.3, delta=2.0)

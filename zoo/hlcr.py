@@ -24,7 +24,7 @@ the Gibbs and VB-EM kernels (``inference/hlcr_*.py``). ``model_enumerated`` is t
 
 Label switching: the posterior is invariant to permuting the K labels, so ``summaries`` reports only
 label-invariant quantities (z-marginal log likelihood, sorted psi, Rao-Blackwellised co-clustering probabilities and
-per-pair predictive means of a few pairs); ``inference.hlcr_common.relabel`` matches per-cluster
+per-pair predictive means of a few pairs); ``inference.hlcr.common.relabel`` matches per-cluster
 quantities to a reference (Hungarian algorithm) when they are needed.
 
 Stored references (``make references``): each NUTS chain stays in one labelling, and a chain that reaches the

@@ -1,4 +1,4 @@
-"""HLCR building blocks shared by the collapsed Gibbs, VB-EM and (issue 4) federated kernels.
+"""HLCR building blocks shared by the collapsed Gibbs, VB-EM and federated kernels (``inference.hlcr``).
 
 Everything here is a pure function of per-pair sufficient statistics (``zoo.hlcr.pair_statistics``)
 and per-cluster sums, so an agent can run it on its own pairs and a server on summed messages:
@@ -13,7 +13,9 @@ and per-cluster sums, so an agent can run it on its own pairs and a server on su
 * ``prior_logits``: the label prior, exact hierarchical (notes P1) or the paper's eq. (2);
 * ``antoniak_table_totals`` / ``sample_log_dirichlet``: the auxiliary-variable psi update (notes P1);
 * ``relabel``/``match_labels``: Hungarian matching of labels to a reference;
-* ``predict``: the paper's Theorem 2 posterior predictive with intervals.
+* ``cluster_posteriors``: Theorem 2's per-cluster posterior (m_k, H_k) for given labels;
+* ``Hyper`` / ``make_hyper``: the static hyperparameters every kernel closes over;
+* ``draw_conditionals``: w and theta from their conditionals given the labels (Gibbs, FedHLCR draws).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from zoo.hlcr import LOG_2PI, model_inputs, pair_structure, resolve_hyper
+from zoo.hlcr import LOG_2PI, resolve_hyper
 
 TINY_LOG = float(np.log(np.finfo(np.float64).tiny))
 
@@ -262,10 +264,6 @@ def relabel(draws: dict, reference_w, *, cluster_axis: dict | None = None) -> di
     return out
 
 
-# --------------------------------------------------------------------------------------------------
-# Prediction (paper Theorem 2, §4.4; notes §3.5 and erratum E10)
-# --------------------------------------------------------------------------------------------------
-
 def cluster_posteriors(Gs, gs, z, K, delta):
     """Per-cluster posterior mean m_k = H_k c_k and covariance H_k = D_k^-1 for labels z (Theorem 2)."""
     D, c, _ = cluster_sums(Gs, gs, z, K)
@@ -274,66 +272,30 @@ def cluster_posteriors(Gs, gs, z, K, delta):
     return jnp.einsum("kij,kj->ki", H, c), H
 
 
-def predict(tree, X, agent, entity, *, prob: float = 0.9, max_draws: int = 200) -> dict:
-    """Posterior predictive of new events of an HLCR fit (a Gibbs or VB-EM tree with label draws ``z``).
+class Hyper(NamedTuple):
+    """The model's hyperparameters as static numbers for the kernels, and the number of agents."""
 
-    For each kept draw s, the cluster statistics are rebuilt from the draw's labels and the training data
-    stored in the tree, and the paper's Theorem 2 gives the per-cluster predictive
-    N(m_k^T x, sigma^2 + x^T H_k x) (erratum E10: the paper conditions on one Gibbs state and leaves the
-    variance implicit). A known pair uses its label z_e^(s); a new pair of a known agent uses the prior
-    p(k) proportional to N_i^(k) + beta psi_k; a new agent uses psi (cold start). The predictive is the
-    equal-weight mixture over draws (and over k for new pairs).
-
-    Returns dict with ``mean``, ``sd``, ``lower``, ``upper`` (central ``prob`` interval; mixture quantiles
-    by bisection) and ``known_pair`` (bool per event)."""
-    import json
-
-    data = {k: np.asarray(tree["constant_data"][k].values) for k in ("X", "agent", "entity")}
-    data["y"] = np.asarray(tree["observed_data"]["y"].values)
-    hyper = resolve_hyper(json.loads(tree.attrs["hyperparameters"]))
-    inp = model_inputs(data, hyper)
-    pdat = pair_data(inp)
-    K = int(hyper["K"])
-    post = tree["posterior"]
-    z = np.asarray(post["z"].values).reshape(-1, post["z"].shape[-1])
-    psi = np.asarray(post["psi"].values).reshape(-1, K)
-    keep = np.unique(np.linspace(0, len(z) - 1, min(max_draws, len(z))).round().astype(int))
-    z, psi = z[keep], psi[keep]
-    ps = pair_structure(data["agent"], data["entity"])
-    lookup = {(int(a), int(e)): p for p, (a, e) in enumerate(ps["pair_ids"])}
-    agent_lookup = {int(a): i for i, a in enumerate(ps["agent_ids"])}
-    X = np.asarray(X, float)
-    pair_new = np.array([lookup.get((int(a), int(e)), -1) for a, e in zip(agent, entity, strict=True)])
-    agent_new = np.array([agent_lookup.get(int(a), -1) for a in agent])
-
-    def per_draw(zs, ps_):
-        m, H = cluster_posteriors(pdat.Gs, pdat.gs, zs, K, hyper["delta"])
-        mu = X @ m.T                                               # (n, K)
-        var = hyper["sigma"] ** 2 + jnp.einsum("nf,kfg,ng->nk", X, H, X)
-        n_agent = jax.ops.segment_sum(jax.nn.one_hot(zs, K), pdat.agent, num_segments=ps["n_agents"])
-        prior = n_agent[jnp.maximum(agent_new, 0)] + hyper["beta"] * ps_
-        prior = jnp.where(agent_new[:, None] >= 0, prior, ps_)
-        prior = prior / prior.sum(-1, keepdims=True)
-        known = jax.nn.one_hot(zs[jnp.maximum(pair_new, 0)], K)
-        weight = jnp.where(pair_new[:, None] >= 0, known, prior)
-        return mu, var, weight
-
-    mu, var, weight = jax.jit(jax.vmap(per_draw))(jnp.asarray(z), jnp.asarray(psi))
-    mu, var, weight = map(np.asarray, (mu, var, weight))   # (S, n, K)
-    weight = weight / weight.sum((0, 2), keepdims=True)
-    mean = np.sum(weight * mu, (0, 2))
-    sd = np.sqrt(np.sum(weight * (var + mu**2), (0, 2)) - mean**2)
-    lower = _mixture_quantile(weight, mu, np.sqrt(var), (1 - prob) / 2, mean, sd)
-    upper = _mixture_quantile(weight, mu, np.sqrt(var), (1 + prob) / 2, mean, sd)
-    return {"mean": mean, "sd": sd, "lower": lower, "upper": upper, "known_pair": pair_new >= 0}
+    K: int
+    alpha: float
+    beta: float
+    delta: float
+    sigma: float
+    n_agents: int
 
 
-def _mixture_quantile(weight, mu, sd, p, mean, total_sd, iters=80):
-    from scipy.special import ndtr
+def make_hyper(ctx_hyper: dict, n_agents: int) -> Hyper:
+    h = resolve_hyper(ctx_hyper)
+    return Hyper(int(h["K"]), float(h["alpha"]), float(h["beta"]), float(h["delta"]), float(h["sigma"]),
+                 int(n_agents))
 
-    lo, hi = mean - 12 * total_sd, mean + 12 * total_sd
-    for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        cdf = np.sum(weight * ndtr((mid[None, :, None] - mu) / sd), (0, 2))
-        lo, hi = np.where(cdf < p, mid, lo), np.where(cdf < p, hi, mid)
-    return 0.5 * (lo + hi)
+
+def draw_conditionals(key, D, c, n_agent, log_psi, beta):
+    """w_k ~ N(D_k^-1 c_k, D_k^-1) and theta_i ~ Dir(beta psi + N_i) given the labels' statistics (D includes
+    the prior precision) and psi: the conditionals of the parameters that Gibbs integrates out."""
+    k_w, k_theta = jax.random.split(key)
+    L = jnp.linalg.cholesky(D)
+    mean = jax.scipy.linalg.cho_solve((L, True), c[..., None])[..., 0]
+    eps = jax.random.normal(k_w, c.shape)
+    w = mean + jax.scipy.linalg.solve_triangular(jnp.swapaxes(L, -1, -2), eps[..., None], lower=False)[..., 0]
+    log_theta = sample_log_dirichlet(k_theta, beta * jnp.exp(log_psi) + n_agent)
+    return w, jnp.exp(log_theta)

@@ -2,7 +2,7 @@
 
 q(w, theta, z) = prod_k N(w_k | m_k, S_k) prod_i Dir(theta_i | a_i) prod_e Cat(z_e | r_e), and psi a point
 estimate (MAP: psi is not conjugate to Dir(theta_i | beta psi)). With the per-pair statistics of
-``inference.hlcr_common`` (Gs_e = X_e^T X_e / s^2, gs_e = X_e^T y_e / s^2, const_e = -n_e/2 log 2 pi s^2
+``inference.hlcr.common`` (Gs_e = X_e^T X_e / s^2, gs_e = X_e^T y_e / s^2, const_e = -n_e/2 log 2 pi s^2
 - q_e / 2 s^2), one iteration updates the blocks in turn, each to its exact maximiser of the bound:
 
 1. q(w):      S_k^-1 = I/delta^2 + sum_e r_ek Gs_e   (soft D^(k)),   m_k = S_k sum_e r_ek gs_e  (soft c^(k));
@@ -26,7 +26,7 @@ The bound (stored per iteration in ``traces["elbo"]``, non-decreasing; notes E1)
 label-augmented space, E_q[log p(y, z, w, theta, psi) - log q(w, theta, z)] at psi = its point estimate; the model
 (``zoo.hlcr.model``) sums z out, and the ELBO of q(w, theta) on that marginal space is >= this bound
 (tests/test_log_q.py checks both by Monte Carlo). The soft statistics
-sum_e r_ek Gs_e, sum_e r_ek gs_e, sum_e r_ek are ``hlcr_common.cluster_sums`` with soft labels, i.e. the
+sum_e r_ek Gs_e, sum_e r_ek gs_e, sum_e r_ek are ``common.cluster_sums`` with soft labels, i.e. the
 federated VB-EM message of an agent (notes E3).
 
 Draws: w ~ q(w), theta ~ q(theta), z ~ Cat(r), psi = the point estimate in every draw; ``log_q`` of
@@ -36,6 +36,7 @@ its draws are for display and not in log q). The fitted q is stored in group ``v
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -44,12 +45,20 @@ import numpy as np
 import xarray as xr
 from jax.scipy.special import digamma, gammaln
 
-from inference._methods import Draws, FitContext, register_method
-from inference.hlcr_common import PairData, cluster_sums, pair_data, prior_precision, sample_log_dirichlet
-from inference.hlcr_gibbs import Hyper, make_hyper
+from inference._methods import Draws, FitContext, Option, register_method
+from inference.hlcr.common import (
+    Hyper,
+    PairData,
+    cluster_sums,
+    make_hyper,
+    pair_data,
+    prior_precision,
+    sample_log_dirichlet,
+)
+from inference.loop import StopRule, run_until_converged
 
 
-class VBState(NamedTuple):
+class State(NamedTuple):
     r: jax.Array        # (E, K) responsibilities q(z_e = k)
     m: jax.Array        # (K, F) means of q(w_k)
     S: jax.Array        # (K, F, F) covariances of q(w_k)
@@ -57,8 +66,8 @@ class VBState(NamedTuple):
     log_psi: jax.Array  # (K,) point estimate of log psi
 
 
-class VBInfo(NamedTuple):
-    elbo: jax.Array     # the bound after the iteration
+class Info(NamedTuple):
+    objective: jax.Array  # the bound (ELBO) after the iteration
 
 
 def _update_w(r, pdat: PairData, hyper: Hyper):
@@ -83,9 +92,13 @@ def _psi_objective(u, elog_sum, hyper: Hyper):
 
 
 def _update_psi(log_psi, a, hyper: Hyper, n_steps: int = 30):
-    """Monotone gradient ascent on the softmax logits (a step is kept only if the objective does not drop;
-    otherwise the step size is halved)."""
-    elog_sum = _elogtheta(a).sum(0)
+    return _update_psi_from(log_psi, _elogtheta(a).sum(0), hyper, n_steps)
+
+
+def _update_psi_from(log_psi, elog_sum, hyper: Hyper, n_steps: int = 30):
+    """Monotone gradient ascent on the softmax logits given sum_i E[log theta_i] (a step is kept only if the
+    objective does not drop; otherwise the step size is halved). The server of fedvb runs it on the summed
+    uploads."""
     f = lambda u: _psi_objective(u, elog_sum, hyper)  # noqa: E731
     grad = jax.grad(f)
 
@@ -117,62 +130,81 @@ def _update_z(m, S, a, pdat: PairData):
     return jax.nn.softmax(logits, axis=-1)
 
 
-def elbo(state: VBState, pdat: PairData, hyper: Hyper):
-    """The closed-form bound of the module docstring."""
-    r, m, S, a, log_psi = state
+def theta_terms(a, elog, log_psi, beta):
+    """The bound's q(theta) and p(theta | psi) terms, summed over the agents (rows of ``a``, ``elog``):
+    lgamma(beta) - sum_k lgamma(beta psi_k) + sum_k (beta psi_k - 1) E[log theta_ik] - lgamma(sum_k a_ik)
+    + sum_k lgamma(a_ik) - sum_k (a_ik - 1) E[log theta_ik]."""
+    bp = beta * jnp.exp(log_psi)
+    return jnp.sum(gammaln(beta) - gammaln(bp).sum() + jnp.sum((bp - 1) * elog, -1)
+                   - gammaln(a.sum(-1)) + jnp.sum(gammaln(a), -1) - jnp.sum((a - 1) * elog, -1))
+
+
+def w_psi_terms(m, S, log_psi, hyper: Hyper):
+    """The bound's q(w), p(w) terms and log Dir(psi | alpha/K)."""
     K, F = m.shape
-    elog = _elogtheta(a)
-    bp = hyper.beta * jnp.exp(log_psi)
-    rlogr = jnp.where(r > 0, r * jnp.log(jnp.where(r > 0, r, 1.0)), 0.0)
-    t_z = jnp.sum(r * (_expected_loglik(m, S, pdat) + elog[pdat.agent])) - jnp.sum(rlogr)
-    t_theta = jnp.sum(gammaln(hyper.beta) - gammaln(bp).sum() + jnp.sum((bp - 1) * elog, -1)
-                      - gammaln(a.sum(-1)) + jnp.sum(gammaln(a), -1) - jnp.sum((a - 1) * elog, -1))
     _, logdet = jnp.linalg.slogdet(S)
     t_w = jnp.sum(-F * jnp.log(hyper.delta) - (jnp.sum(m**2, -1) + jnp.trace(S, axis1=-2, axis2=-1))
                   / (2 * hyper.delta**2) + 0.5 * logdet + 0.5 * F)
     a0 = hyper.alpha / K
-    t_psi = gammaln(hyper.alpha) - K * gammaln(a0) + (a0 - 1) * jnp.sum(log_psi)
-    return t_z + t_theta + t_w + t_psi
+    return t_w + gammaln(hyper.alpha) - K * gammaln(a0) + (a0 - 1) * jnp.sum(log_psi)
 
 
-def init(key, pdat: PairData, hyper: Hyper) -> VBState:
+def entropy_z(r):
+    """-sum r log r (0 log 0 = 0)."""
+    return -jnp.sum(jnp.where(r > 0, r * jnp.log(jnp.where(r > 0, r, 1.0)), 0.0))
+
+
+def elbo(state: State, pdat: PairData, hyper: Hyper):
+    """The closed-form bound of the module docstring."""
+    r, m, S, a, log_psi = state
+    elog = _elogtheta(a)
+    t_z = jnp.sum(r * (_expected_loglik(m, S, pdat) + elog[pdat.agent])) + entropy_z(r)
+    return t_z + theta_terms(a, elog, log_psi, hyper.beta) + w_psi_terms(m, S, log_psi, hyper)
+
+
+def init(key, pdat: PairData, hyper: Hyper) -> State:
     """Random soft labels r_e ~ Dir(1), psi uniform, then q(w), q(theta) from them."""
     E = pdat.gs.shape[0]
     r = jax.random.dirichlet(key, jnp.ones(hyper.K), (E,))
     log_psi = jnp.full(hyper.K, -jnp.log(hyper.K))
     m, S = _update_w(r, pdat, hyper)
-    return VBState(r, m, S, _update_theta(r, log_psi, pdat, hyper), log_psi)
+    return State(r, m, S, _update_theta(r, log_psi, pdat, hyper), log_psi)
 
 
-def step(state: VBState, pdat: PairData, hyper: Hyper) -> tuple[VBState, VBInfo]:
+def iterate(state: State, pdat: PairData, hyper: Hyper) -> tuple[State, Info]:
     """One VB-EM iteration: q(w), psi, q(theta), q(z) in turn (each a block maximiser of the bound)."""
     m, S = _update_w(state.r, pdat, hyper)
     log_psi = _update_psi(state.log_psi, state.a, hyper)
     a = _update_theta(state.r, log_psi, pdat, hyper)
     r = _update_z(m, S, a, pdat)
-    new = VBState(r, m, S, a, log_psi)
-    return new, VBInfo(elbo(new, pdat, hyper))
+    new = State(r, m, S, a, log_psi)
+    return new, Info(elbo(new, pdat, hyper))
 
 
-def run(key, pdat: PairData, hyper: Hyper, *, max_iter: int, tol: float):
-    """``max_iter`` iterations; after the relative bound change falls below ``tol`` the state is frozen
-    (the trace then stays flat). Returns (state, elbo trace (max_iter,), iterations used)."""
-    state = init(key, pdat, hyper)
-
-    def body(carry, _):
-        s, prev, done, n = carry
-        new, info = step(s, pdat, hyper)
-        s = jax.tree.map(lambda x, y: jnp.where(done, x, y), s, new)
-        val = jnp.where(done, prev, info.elbo)
-        converged = jnp.abs(val - prev) <= tol * jnp.abs(val)
-        return (s, val, done | converged, n + (~done).astype(jnp.int32)), val
-
-    init_carry = (state, elbo(state, pdat, hyper), jnp.array(False), jnp.array(0, jnp.int32))
-    (state, _, _, n_iter), trace = jax.lax.scan(body, init_carry, None, length=max_iter)
-    return state, trace, n_iter
+class Kernel(NamedTuple):
+    init: object
+    step: object
 
 
-def draw(key, state: VBState, num_samples: int):
+@functools.lru_cache(maxsize=32)
+def kernel(hyper: Hyper) -> Kernel:
+    """``init(key, pdat)``, ``step(key, state, pdat)`` for ``inference.loop`` (one per static hyper, so the
+    loop compiles once per data shape); the problem is the ``PairData``. The step is deterministic."""
+    return Kernel(lambda key, pdat: init(key, pdat, hyper), lambda key, state, pdat: iterate(state, pdat, hyper))
+
+
+def run(key, pdat: PairData, hyper: Hyper, *, max_iter: int, tol: float, num_restarts: int = 1, progress=None):
+    """``num_restarts`` runs (vectorised, ``inference.loop.run_until_converged``) from random soft labels, each
+    until the relative bound change falls below ``tol`` or ``max_iter`` iterations; the one with the highest
+    final bound is kept (``Run``: state, per-iteration ``info.objective``, every restart's final bound).
+    Mean-field VB-EM is a local optimiser: on the notes' C1 data a single start can stop in a merged/split
+    mode (seen: ARI 0.62 with bound -5392 against ARI 1.0 for the best of 4 starts)."""
+    k = kernel(hyper)
+    return run_until_converged(k.init, k.step, pdat, key, StopRule(max_iter, tol, "relative"),
+                               num_restarts=num_restarts, progress=progress, desc="hlcr vbem")
+
+
+def draw(key, state: State, num_samples: int):
     """Draws from q: w (S, K, F), theta (S, N, K), z (S, E), and log q(w, theta) (S,)."""
     k_w, k_t, k_z = jax.random.split(key, 3)
     L = jnp.linalg.cholesky(state.S)
@@ -186,7 +218,7 @@ def draw(key, state: VBState, num_samples: int):
     return w, theta, z, log_q_w + log_q_t
 
 
-def q_dataset(state: VBState):
+def q_dataset(state: State):
     """The fitted q as an xarray Dataset (group ``vbem`` of the tree): r (pair, cluster), m (cluster, feature),
     S (cluster, feature, feature_bis), a (agent_idx, cluster) and the point estimate psi (cluster), so that
     ``log_q`` and the bound can be recomputed from the tree alone."""
@@ -197,21 +229,12 @@ def q_dataset(state: VBState):
     })
 
 
-def run_restarts(key, pdat: PairData, hyper: Hyper, *, max_iter: int, tol: float, num_restarts: int):
-    """``num_restarts`` independent runs (vectorised) from random soft labels; returns the one with the
-    highest final bound (its state, trace, iterations) and every restart's final bound. Mean-field VB-EM
-    is a local optimiser: on the notes' C1 data a single start can stop in a merged/split mode (seen:
-    ARI 0.62 with bound -5392 against ARI 1.0 for the best of 4 starts)."""
-    keys = jax.random.split(key, num_restarts)
-    # data as a jit argument (not closed-over constants): faster compiles, one program per shape
-    states, traces, n_iters = jax.jit(jax.vmap(lambda k, pd: run(k, pd, hyper, max_iter=max_iter, tol=tol),
-                                               in_axes=(0, None)))(keys, pdat)
-    best = int(jnp.argmax(traces[:, -1]))
-    return jax.tree.map(lambda x: x[best], states), traces[best], n_iters[best], traces[:, -1]
-
-
 @register_method("vbem", kind="variational", models=("hlcr",), options={
-    "max_iter": 200, "tol": 1e-10, "num_samples": 1000, "num_restarts": 4,
+    "max_iter": Option(200, "positive_int", "most VB-EM iterations per restart", tiny=20),
+    "tol": Option(1e-10, "positive", "relative bound change that stops the iterations"),
+    "num_samples": Option(1000, "positive_int", "draws from q", tiny=20),
+    "num_restarts": Option(4, "positive_int", "random starts, run vectorised; the highest final bound is kept",
+                           tiny=2),
 })
 def run_vbem(ctx: FitContext) -> Draws:
     """Mean-field VB-EM for HLCR: q(w) Gaussian, q(theta_i) Dirichlet, q(z_e) categorical, psi a MAP point
@@ -223,21 +246,22 @@ def run_vbem(ctx: FitContext) -> Draws:
     pdat = pair_data(inputs)
     hyper = make_hyper(ctx.hyper, inputs["n_agents"])
     k_init, k_draw = jax.random.split(ctx.key)
-    if isinstance(o["num_restarts"], bool) or not isinstance(o["num_restarts"], int) or o["num_restarts"] < 1:
-        raise ValueError(f"num_restarts: expected a positive integer, got {o['num_restarts']!r}")
-    state, trace, n_iter, finals = run_restarts(k_init, pdat, hyper, max_iter=o["max_iter"], tol=o["tol"],
-                                                num_restarts=o["num_restarts"])
+    res = run(k_init, pdat, hyper, max_iter=o["max_iter"], tol=o["tol"], num_restarts=o["num_restarts"],
+              progress=o["progress"])
+    state = res.state
+    # the bound per iteration, over max_iter entries: flat after the stopping rule fired (the state is frozen)
+    trace = np.pad(np.asarray(res.info.objective), (0, o["max_iter"] - res.n_iter), mode="edge")
     w, theta, z, log_q = jax.jit(draw, static_argnums=2)(k_draw, state, o["num_samples"])
     S = o["num_samples"]
     psi = jnp.broadcast_to(jnp.exp(state.log_psi), (S, hyper.K))
     add_chain = lambda x: np.asarray(x)[None]  # noqa: E731
     return Draws(posterior={"w": add_chain(w), "psi": add_chain(psi), "theta": add_chain(theta), "z": add_chain(z)},
                  sample_stats={"log_q": add_chain(log_q)},
-                 traces={"elbo": np.asarray(trace)},
-                 attrs={"n_iter": int(n_iter), "elbo": float(trace[-1]),
-                        "restart_elbos": [float(v) for v in np.asarray(finals)],
+                 traces={"elbo": trace},
+                 attrs={"objective_per_restart": [float(v) for v in res.objective_per_restart],
                         "psi_point_estimate": "psi is a MAP point estimate; log_q covers (w, theta) only"},
-                 groups={"vbem": q_dataset(state)})
+                 groups={"vbem": q_dataset(state)}, objective=res.objective, converged=res.converged,
+                 n_iter=res.n_iter)
 
 
-__all__ = ["VBInfo", "VBState", "draw", "elbo", "init", "q_dataset", "run", "step"]
+__all__ = ["Info", "Kernel", "State", "draw", "elbo", "init", "iterate", "kernel", "q_dataset", "run"]

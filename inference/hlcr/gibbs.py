@@ -1,6 +1,6 @@
 """Collapsed Gibbs sampling for HLCR (paper §4.2, Algorithms 1-2, corrected per notes §3).
 
-State (``GibbsState``): labels z (E,), per-cluster exact sums D_k = I/delta^2 + sum_{z_e=k} G_e/sigma^2
+State (``State``): labels z (E,), per-cluster exact sums D_k = I/delta^2 + sum_{z_e=k} G_e/sigma^2
 (K, F, F), c_k = sum g_e/sigma^2 (K, F), their cached log normalisers logZ_k = 1/2 c^T D^-1 c - 1/2 log|D|,
 agent counts N_i^(k) (N, K), cluster counts N^(k) (K,), and log psi (K,). w and theta are integrated
 out; psi is explicit (auxiliary-variable sampler of notes P1).
@@ -25,6 +25,12 @@ One sweep (``step``):
 3. psi update (both priors; with ``"paper"`` psi is only reported): Antoniak table counts
    m_ik ~ sum_l Bernoulli(beta psi_k / (beta psi_k + l)), then psi ~ Dir(alpha/K + sum_i m_ik), in log space.
 
+Kernel shape (``inference.loop``): ``kernel(hyper, prior, kernel_name)`` (cached per static configuration)
+gives ``init(key, problem) -> State`` (z ~ U{1..K}, Algorithm 2's initialisation), ``step(key, state, problem)
+-> (State, Info)`` (one sweep; ``Info.objective`` is the collapsed log joint) and ``collect`` (the per-sweep
+draws); ``problem`` is a ``Problem`` (pair statistics, and the events for ``kernel="paper"``). Chains,
+warm-up and thinning are ``inference.loop.sample_chains``'s.
+
 ``kernel="paper"`` replaces step 2's block update by the paper's per-event rank-one Algorithm 1/2 on
 H_k = D_k^-1: remove the pair's events from its cluster by eq. (9), evaluate the sequential predictive for
 every k with eq. (8) updates (predictive BEFORE the update, erratum E3), then add the events to the
@@ -37,31 +43,35 @@ conditionals, so (z, w, psi, theta) is a joint posterior draw of the model's lat
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inference._methods import Draws, FitContext, register_method
-from inference.hlcr_common import (
+from inference._methods import Draws, FitContext, Option, register_method
+from inference.hlcr.common import (
+    Hyper,
     PairData,
     antoniak_table_totals,
     cluster_state,
+    draw_conditionals,
     log_normaliser,
     log_prior_labels,
+    make_hyper,
     pair_data,
     prior_logits,
     sample_log_dirichlet,
 )
-from inference.progress import scan_with_progress
+from inference.loop import sample_chains
 from zoo.hlcr import pair_structure
 
 PRIORS = ("exact", "paper")
 KERNELS = ("block", "paper")
 
 
-class GibbsState(NamedTuple):
+class State(NamedTuple):
     z: jax.Array          # (E,) labels
     D: jax.Array          # (K, F, F) I/delta^2 + sum G_e / sigma^2
     c: jax.Array          # (K, F) sum g_e / sigma^2
@@ -71,18 +81,9 @@ class GibbsState(NamedTuple):
     log_psi: jax.Array    # (K,)
 
 
-class GibbsInfo(NamedTuple):
-    log_joint: jax.Array  # log p(y, z | psi) + log p(psi): collapsed log joint after the sweep
+class Info(NamedTuple):
+    objective: jax.Array  # log p(y, z | psi) + log p(psi): collapsed log joint after the sweep
     n_changed: jax.Array  # number of pairs whose label changed in the sweep
-
-
-class Hyper(NamedTuple):
-    K: int
-    alpha: float
-    beta: float
-    delta: float
-    sigma: float
-    n_agents: int
 
 
 class Events(NamedTuple):
@@ -94,16 +95,24 @@ class Events(NamedTuple):
     count: jax.Array
 
 
-def init(z, pdat: PairData, hyper: Hyper) -> GibbsState:
+class Problem(NamedTuple):
+    """What a sweep reads: the per-pair statistics, and the events sorted by pair for ``kernel="paper"``
+    (None for ``"block"``)."""
+
+    pdat: PairData
+    events: Events | None = None
+
+
+def state_from_labels(z, pdat: PairData, hyper: Hyper) -> State:
     """State for labels ``z`` (psi starts uniform)."""
     K = hyper.K
     D, c, logZ = cluster_state(pdat.Gs, pdat.gs, z, K, hyper.delta)
     onehot = jax.nn.one_hot(z, K)
     n_agent = jax.ops.segment_sum(onehot, pdat.agent, num_segments=hyper.n_agents)
-    return GibbsState(z, D, c, logZ, n_agent, onehot.sum(0), jnp.full(K, -jnp.log(K)))
+    return State(z, D, c, logZ, n_agent, onehot.sum(0), jnp.full(K, -jnp.log(K)))
 
 
-def _block_pair_update(state: GibbsState, xs, hyper: Hyper, prior: str):
+def _block_pair_update(state: State, xs, hyper: Hyper, prior: str):
     """One pair's collapsed update from sufficient statistics (K log normalisers)."""
     Gs_e, gs_e, const_e, a, gumbel, e = xs
     K = hyper.K
@@ -177,9 +186,9 @@ def _paper_pair_update(carry, xs, hyper: Hyper, prior: str, ev: Events):
     return (state, H_rm.at[k1].set(Hk1)), k1 != k0
 
 
-def step(key, state: GibbsState, pdat: PairData, hyper: Hyper, prior: str = "exact", kernel: str = "block",
-         events: Events | None = None):
-    """One systematic-scan sweep over all pairs, then the psi update. Returns ``(state, GibbsInfo)``."""
+def sweep(key, state: State, problem: Problem, hyper: Hyper, prior: str = "exact", kernel: str = "block"):
+    """One systematic-scan sweep over all pairs, then the psi update. Returns ``(state, Info)``."""
+    pdat, events = problem
     k_gumbel, k_tables, k_psi = jax.random.split(key, 3)
     E = state.z.shape[0]
     D, c, logZ = cluster_state(pdat.Gs, pdat.gs, state.z, hyper.K, hyper.delta)
@@ -192,16 +201,16 @@ def step(key, state: GibbsState, pdat: PairData, hyper: Hyper, prior: str = "exa
         (state, _), changed = jax.lax.scan(lambda s, x: _paper_pair_update(s, x, hyper, prior, events),
                                            (state, jnp.linalg.inv(D)), xs)
         # the rank-one updates carry H_k = D_k^-1, not D_k: rebuild (D, c, logZ) from the new labels so that
-        # draw_parameters pairs a current D_k with the current c_k
+        # the draws (collect) pair a current D_k with the current c_k
         D, c, logZ = cluster_state(pdat.Gs, pdat.gs, state.z, hyper.K, hyper.delta)
         state = state._replace(D=D, c=c, logZ=logZ)
     m = antoniak_table_totals(k_tables, state.z, pdat.agent, state.log_psi, hyper.beta, hyper.K, hyper.n_agents)
     log_psi = sample_log_dirichlet(k_psi, hyper.alpha / hyper.K + m)
     state = state._replace(log_psi=log_psi)
-    return state, GibbsInfo(log_joint(state, pdat, hyper), jnp.sum(changed))
+    return state, Info(log_joint(state, pdat, hyper), jnp.sum(changed))
 
 
-def log_joint(state: GibbsState, pdat: PairData, hyper: Hyper):
+def log_joint(state: State, pdat: PairData, hyper: Hyper):
     """Collapsed log joint log p(y | z) + log p(z | psi) + log Dir(psi | alpha/K) (notes §3.4, [ours])."""
     from jax.scipy.special import gammaln
 
@@ -215,17 +224,6 @@ def log_joint(state: GibbsState, pdat: PairData, hyper: Hyper):
     return ev + log_prior_labels(state.n_agent, state.log_psi, hyper.beta) + lp_psi
 
 
-def draw_parameters(key, state: GibbsState, hyper: Hyper):
-    """w_k ~ N(D_k^-1 c_k, D_k^-1) and theta_i ~ Dir(beta psi + N_i) given the labels (and psi)."""
-    k_w, k_theta = jax.random.split(key)
-    L = jnp.linalg.cholesky(state.D)
-    mean = jax.scipy.linalg.cho_solve((L, True), state.c[..., None])[..., 0]
-    eps = jax.random.normal(k_w, state.c.shape)
-    w = mean + jax.scipy.linalg.solve_triangular(jnp.swapaxes(L, -1, -2), eps[..., None], lower=False)[..., 0]
-    log_theta = sample_log_dirichlet(k_theta, hyper.beta * jnp.exp(state.log_psi) + state.n_agent)
-    return w, jnp.exp(log_theta)
-
-
 def events_by_pair(X, y, pair, n_pairs) -> Events:
     order = np.argsort(pair, kind="stable")
     count = np.bincount(pair, minlength=n_pairs)
@@ -234,70 +232,62 @@ def events_by_pair(X, y, pair, n_pairs) -> Events:
                   jnp.asarray(count, dtype=jnp.int32))
 
 
-def run(key, pdat: PairData, hyper: Hyper, *, num_warmup: int, num_samples: int, num_chains: int = 1,
-        thinning: int = 1, prior: str = "exact", kernel: str = "block", events: Events | None = None,
-        z_init=None, progress=None, chunk: int = 100):
-    """Run ``num_chains`` chains (vectorised) for ``num_warmup`` + ``num_samples * thinning`` sweeps.
+class Kernel(NamedTuple):
+    init: object
+    step: object
+    collect: object
 
-    Returns (posterior dict with leading (chain, draw) axes: z, w, psi, theta; stats dict)."""
-    E = pdat.gs.shape[0]
-    k_init, _, k_samp = jax.random.split(key, 3)
-    if z_init is None:
-        z0 = jax.random.randint(k_init, (num_chains, E), 0, hyper.K)   # z ~ U{1..K} (Algorithm 2 init)
-    else:
-        z0 = jnp.broadcast_to(jnp.asarray(z_init, dtype=jnp.int32), (num_chains, E))
-    state = jax.vmap(lambda z: init(z.astype(jnp.int32), pdat, hyper))(z0)
 
-    def one(carry, k):
-        # The data (pdat, events) ride in the scan carry instead of being closed over: closed-over arrays
-        # become HLO constants, which slows compilation and makes every data set a new program; as carried
-        # arguments, data sets of the same shapes share one compiled program (and the persistent cache).
-        # Every sweep also draws (w, theta) from their conditionals; warm-up and thinned-out sweeps are
-        # dropped afterwards. One scan body for warm-up and sampling = one compilation.
-        s, pd, ev = carry
-        k_sweep, k_par = jax.random.split(k)
-        s, info = jax.vmap(lambda kk, st: step(kk, st, pd, hyper, prior, kernel, ev))(
-            jax.random.split(k_sweep, num_chains), s)
-        w, theta = jax.vmap(lambda kk, st: draw_parameters(kk, st, hyper))(jax.random.split(k_par, num_chains), s)
-        return (s, pd, ev), {"z": s.z, "w": w, "psi": jnp.exp(s.log_psi), "theta": theta,
-                             "log_joint_collapsed": info.log_joint, "n_changed": info.n_changed}
+@functools.lru_cache(maxsize=32)
+def kernel(hyper: Hyper, prior: str = "exact", kernel: str = "block") -> Kernel:
+    """The Gibbs kernel for one static configuration (built once, so ``inference.loop`` compiles it once)."""
 
-    total = num_warmup + num_samples * thinning
-    keys = jax.random.split(k_samp, total)
-    (state, _, _), out = scan_with_progress(one, (state, pdat, events), keys, length=total,
-                                            chunk=_divisor_chunk(total, chunk), progress=progress, desc="hlcr gibbs")
-    keep = np.arange(num_warmup + thinning - 1, total, thinning)
-    out = {k: v[keep] for k, v in out.items()}
-    out = {k: jnp.swapaxes(v, 0, 1) for k, v in out.items()}   # (draw, chain, ...) -> (chain, draw, ...)
-    posterior = {k: out[k] for k in ("z", "w", "psi", "theta")}
-    stats = {k: out[k] for k in ("log_joint_collapsed", "n_changed")}
+    def init(key, problem: Problem) -> State:
+        E = problem.pdat.gs.shape[0]
+        z = jax.random.randint(key, (E,), 0, hyper.K).astype(jnp.int32)   # z ~ U{1..K} (Algorithm 2 init)
+        return state_from_labels(z, problem.pdat, hyper)
+
+    def step(key, state: State, problem: Problem):
+        return sweep(key, state, problem, hyper, prior, kernel)
+
+    def collect(key, state: State, info: Info):
+        """Every sweep also draws (w, theta) from their conditionals, so (z, w, psi, theta) is a joint draw."""
+        w, theta = draw_conditionals(key, state.D, state.c, state.n_agent, state.log_psi, hyper.beta)
+        return {"z": state.z, "w": w, "psi": jnp.exp(state.log_psi), "theta": theta,
+                "log_joint_collapsed": info.objective, "n_changed": info.n_changed}
+
+    return Kernel(init, step, collect)
+
+
+def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: int, num_chains: int = 1,
+        thinning: int = 1, prior: str = "exact", kernel_name: str = "block", z_init=None, progress=None,
+        chunk: int = 100):
+    """Run ``num_chains`` chains (vectorised) for ``num_warmup`` + ``num_samples * thinning`` sweeps
+    (``inference.loop.sample_chains``). Returns (posterior dict with leading (chain, draw) axes: z, w, psi,
+    theta; stats dict; last state)."""
+    k = kernel(hyper, prior, kernel_name)
+    init_state = None
+    if z_init is not None:
+        z0 = jnp.broadcast_to(jnp.asarray(z_init, dtype=jnp.int32), (num_chains, problem.pdat.gs.shape[0]))
+        init_state = jax.vmap(lambda z: state_from_labels(z, problem.pdat, hyper))(z0)
+    out, state = sample_chains(k.init, k.step, problem, key, num_chains=num_chains, num_warmup=num_warmup,
+                               num_samples=num_samples, thinning=thinning, collect=k.collect, chunk=chunk,
+                               progress=progress, desc="hlcr gibbs", init_state=init_state)
+    posterior = {k_: out[k_] for k_ in ("z", "w", "psi", "theta")}
+    stats = {k_: out[k_] for k_ in ("log_joint_collapsed", "n_changed")}
     return posterior, stats, state
 
 
-def _divisor_chunk(total: int, chunk: int) -> int:
-    """The largest divisor of ``total`` not above ``chunk`` (so every scan chunk has the same length and
-    compiles once)."""
-    return max(d for d in range(1, min(chunk, total) + 1) if total % d == 0)
-
-
-def _check(options: dict) -> None:
-    if options["prior"] not in PRIORS:
-        raise ValueError(f"prior: expected one of {list(PRIORS)}, got {options['prior']!r}")
-    if options["kernel"] not in KERNELS:
-        raise ValueError(f"kernel: expected one of {list(KERNELS)}, got {options['kernel']!r}")
-
-
-def make_hyper(ctx_hyper: dict, n_agents: int) -> Hyper:
-    from zoo.hlcr import resolve_hyper
-
-    h = resolve_hyper(ctx_hyper)
-    return Hyper(int(h["K"]), float(h["alpha"]), float(h["beta"]), float(h["delta"]), float(h["sigma"]),
-                 int(n_agents))
-
-
-@register_method("gibbs", kind="sampler", models=("hlcr",), check=_check, options={
-    "num_warmup": 200, "num_samples": 1000, "num_chains": 2, "thinning": 1, "prior": "exact", "kernel": "block",
-    "z_init": None,
+@register_method("gibbs", kind="sampler", models=("hlcr",), options={
+    "num_warmup": Option(200, "nonnegative_int", "sweeps dropped before the kept ones", tiny=5),
+    "num_samples": Option(1000, "positive_int", "sweeps kept per chain (after thinning)", tiny=20),
+    "num_chains": Option(2, "positive_int", "independent chains, run vectorised", tiny=2),
+    "thinning": Option(1, "positive_int", "keep every thinning-th sweep"),
+    "prior": Option("exact", "string", "label prior: exact auxiliary-variable psi sampler (notes P1), or the "
+                    "paper's approximate eq. (2)", choices=PRIORS),
+    "kernel": Option("block", "string", "per-pair block update from sufficient statistics, or the paper's "
+                     "per-event rank-one Algorithm 1/2 (same conditionals)", choices=KERNELS),
+    "z_init": Option(None, "any", "initial label per pair (default: uniform random)"),
 })
 def run_gibbs(ctx: FitContext) -> Draws:
     """Collapsed Gibbs for HLCR (w, theta integrated out; exact hierarchical prior by default).
@@ -319,13 +309,13 @@ def run_gibbs(ctx: FitContext) -> Draws:
     if o["kernel"] == "paper":
         ps = pair_structure(ctx.data["agent"], ctx.data["entity"])
         events = events_by_pair(ctx.data["X"], ctx.data["y"], ps["pair"], ps["n_pairs"])
-    posterior, stats, _ = run(ctx.key, pdat, hyper, num_warmup=o["num_warmup"], num_samples=o["num_samples"],
-                              num_chains=o["num_chains"], thinning=o["thinning"], prior=o["prior"],
-                              kernel=o["kernel"], events=events, z_init=z_init, progress=o["progress"])
+    posterior, stats, _ = run(ctx.key, Problem(pdat, events), hyper, num_warmup=o["num_warmup"],
+                              num_samples=o["num_samples"], num_chains=o["num_chains"], thinning=o["thinning"],
+                              prior=o["prior"], kernel_name=o["kernel"], z_init=z_init, progress=o["progress"])
     return Draws(posterior={k: np.asarray(v) for k, v in posterior.items()},
                  sample_stats={k: np.asarray(v) for k, v in stats.items()},
                  attrs={"prior": o["prior"], "kernel": o["kernel"]})
 
 
-__all__ = ["Events", "GibbsInfo", "GibbsState", "Hyper", "draw_parameters", "events_by_pair", "init",
-           "log_joint", "run", "step"]
+__all__ = ["Events", "Info", "Kernel", "Problem", "State", "events_by_pair", "kernel", "log_joint", "run",
+           "state_from_labels", "sweep"]
