@@ -95,8 +95,9 @@ KERNEL_MODULES: tuple[str, ...] = (
     "inference.gp_alps_vb",
     "inference.gp_alps_gibbs",
     "inference.gp_alps_svi",
-    "inference.bpca_vb",
-    "inference.bpca_dppca",
+    "inference.bpca.vbem",
+    "inference.bpca.badmm",
+    "inference.bpca.dppca",
 )
 
 
