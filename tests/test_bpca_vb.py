@@ -294,7 +294,8 @@ def test_missing_node_assignment_is_reported_and_node_ids_are_labels():
     node[node == 1] = 0
     for labels in (node, node * 10**12, np.array([f"n{i}" for i in node])):
         got, J = nodes.node_assignment({"Y": data["Y"], "node": labels}, None, "badmm")
-        want, _ = nodes.node_assignment({"Y": data["Y"], "node": np.unique(node, return_inverse=True)[1]}, None, "badmm")
+        want, _ = nodes.node_assignment({"Y": data["Y"], "node": np.unique(node, return_inverse=True)[1]}, None,
+                                        "badmm")
         assert J == 3 and np.array_equal(got, want)
     Y = data["Y"].copy()
     Y[:] = np.nan

@@ -67,9 +67,9 @@ from inference._methods import Draws, FitContext, Option, register_method
 from inference.bpca.common import (
     Cfg,
     Globals,
+    Q,
     Shard,
     VBState,
-    Q,
     cfg_from,
     draw,
     elbo_of,
@@ -83,13 +83,13 @@ from inference.bpca.common import (
 )
 from inference.bpca.nodes import (
     NETWORK_OPTIONS,
-    _slot_sum,
-    _slot_where,
     agreement,
     make_shards,
     node_assignment,
     run_attrs,
     run_distributed,
+    slot_sum,
+    slot_where,
     to_rows,
 )
 from inference.bpca.sweep import TAU_RHO, sweep
@@ -180,9 +180,9 @@ def make_protocol(cfg: Cfg, graph, *, g0: Globals, eta: float, prior_weight: str
         if cfg.penalty == "quadratic":
             # Forero duals: g_ij += (eta/2)(p_i - p_j) on active slots; inactive slots keep theirs and drop out
             upd = jax.tree.map(lambda d, o, n: d + 0.5 * eta_t * (o[None] - n), st.duals, own, nbr)
-            duals = _slot_where(mask, upd, st.duals)
-            G = jax.tree.map(lambda d: _slot_sum(mask, d), duals)
-            anchor = jax.tree.map(lambda o, n: k * o + _slot_sum(mask, n), own, nbr)
+            duals = slot_where(mask, upd, st.duals)
+            G = jax.tree.map(lambda d: slot_sum(mask, d), duals)
+            anchor = jax.tree.map(lambda o, n: k * o + slot_sum(mask, n), own, nbr)
             pen = {"k": k, "eta": eta_t, "G": G, "anchor": anchor}
         else:
             new_edges = {}
@@ -192,13 +192,13 @@ def make_protocol(cfg: Cfg, graph, *, g0: Globals, eta: float, prior_weight: str
                 mi, vi, mj, vj = getattr(own, m)[None], getattr(own, v)[None], getattr(nbr, m), getattr(nbr, v)
                 o2 = edge_update(mi, vi, mj, vj, e_out, eta_t, cfg.kl_inner)       # edge (i, j)
                 i2 = edge_update(mj, vj, mi, vi, e_in, eta_t, cfg.kl_inner)        # edge (j, i)
-                o2, i2 = _slot_where(mask, o2, e_out), _slot_where(mask, i2, e_in)
+                o2, i2 = slot_where(mask, o2, e_out), slot_where(mask, i2, e_in)
                 new_edges[m] = (o2, i2)
-                g_lin[m] = _slot_sum(mask, o2[2] - i2[3])       # sum_j gamma_ij1 - gamma_ji2
-                g_lin[v] = _slot_sum(mask, o2[4] - i2[5])       # sum_j beta_ij1 - beta_ji2
-                srho[m] = _slot_sum(mask, o2[0] + i2[0])
-                srho[v] = _slot_sum(mask, o2[1] + i2[1])        # sum of phi over C_i
-                srho2[m] = _slot_sum(mask, o2[0] ** 2 + i2[0] ** 2)
+                g_lin[m] = slot_sum(mask, o2[2] - i2[3])       # sum_j gamma_ij1 - gamma_ji2
+                g_lin[v] = slot_sum(mask, o2[4] - i2[5])       # sum_j beta_ij1 - beta_ji2
+                srho[m] = slot_sum(mask, o2[0] + i2[0])
+                srho[v] = slot_sum(mask, o2[1] + i2[1])        # sum of phi over C_i
+                srho2[m] = slot_sum(mask, o2[0] ** 2 + i2[0] ** 2)
                 srho2[v] = jnp.zeros_like(srho[v])
             duals = new_edges
             pen = {"k": k, "eta": eta_t, "g": Globals(**g_lin), "srho": Globals(**srho), "srho2": Globals(**srho2)}
@@ -207,7 +207,7 @@ def make_protocol(cfg: Cfg, graph, *, g0: Globals, eta: float, prior_weight: str
             nt = inbox["nbr"]["tau"]
             upd = st.tau_duals + 0.5 * TAU_RHO * (vb.tau[None] - nt)
             tau_duals = jnp.where(mask[:, None], upd, st.tau_duals)
-            tau_pen = {"k": k, "G": _slot_sum(mask, tau_duals), "anchor": k * vb.tau + _slot_sum(mask, nt)}
+            tau_pen = {"k": k, "G": slot_sum(mask, tau_duals), "anchor": k * vb.tau + slot_sum(mask, nt)}
         dual_norm = None
         if adaptive_eta:
             lin = [2.0 * x for x in pen["G"]] if cfg.penalty == "quadratic" else list(pen["g"])

@@ -1,6 +1,6 @@
-"""D-PPCA: distributed maximum-likelihood probabilistic PCA by consensus ADMM (Yoon & Pavlovic, NIPS 2012), the
-baseline of the D-MFVI paper (method ``dppca``); notes ``shared/notes/004_dmfvi_badmm.md`` section 3.7 (missing-data version of
-``dppca_m*``: EM with per-row masks).
+"""D-PPCA (method ``dppca``): distributed maximum-likelihood probabilistic PCA by consensus ADMM (Yoon & Pavlovic,
+NIPS 2012), the baseline of the D-MFVI paper; notes ``shared/notes/004_dmfvi_badmm.md`` section 3.7
+(missing-data version of ``dppca_m*``: EM with per-row masks).
 
 Node i holds point estimates (W_i, mu_i, tau_i) (tau a precision) under Forero-simplified consensus ADMM with
 per-edge duals (Lambda for W, gamma for mu, beta for tau), same schedule and runners as ``badmm``:
@@ -34,6 +34,7 @@ import numpy as np
 import xarray as xr
 
 from inference._methods import Draws, FitContext, register_method
+from inference.bpca import nodes
 from inference.bpca.common import (
     LOG_2PI,
     Globals,
@@ -44,17 +45,6 @@ from inference.bpca.common import (
     positive_root,
     second_moments,
     z_step,
-)
-from inference.bpca.nodes import (
-    NETWORK_OPTIONS,
-    _slot_sum,
-    _slot_where,
-    agreement,
-    make_shards,
-    node_assignment,
-    run_attrs,
-    run_distributed,
-    to_rows,
 )
 from inference.distributed import Protocol, gossip, make_graph
 
@@ -99,7 +89,7 @@ def make_protocol(graph, *, W0, tau0: float, learn_tau: bool, eta: float) -> Pro
     K = graph.max_degree
     J = graph.J
     route = gossip(graph)
-    stats = agreement(graph)
+    stats = nodes.agreement(graph)
     D, M = W0.shape
 
     def msg(st):
@@ -118,9 +108,9 @@ def make_protocol(graph, *, W0, tau0: float, learn_tau: bool, eta: float) -> Pro
         eta_t = inbox["eta"]
         own, nbr = msg(st), inbox["nbr"]
         upd = jax.tree.map(lambda d, o, n: d + 0.5 * eta_t * (o[None] - n), st.duals, own, nbr)
-        duals = _slot_where(mask, upd, st.duals)
-        G = jax.tree.map(lambda d: _slot_sum(mask, d), duals)
-        anchor = jax.tree.map(lambda o, n: k * o + _slot_sum(mask, n), own, nbr)
+        duals = nodes.slot_where(mask, upd, st.duals)
+        G = jax.tree.map(lambda d: nodes.slot_sum(mask, d), duals)
+        anchor = jax.tree.map(lambda o, n: k * o + nodes.slot_sum(mask, n), own, nbr)
         W, mu, tau, Ez, Sz, ll = local_em(st.W, st.mu, st.tau, shard, {"k": k, "eta": eta_t, "G": G,
                                                                         "anchor": anchor}, learn_tau)
         new = PPCAState(W, mu, tau, duals, Ez, Sz, ll)
@@ -155,43 +145,43 @@ def fit_dppca(Y, node, J, hyper, key, o, participation=None, callback=None):
     D = Y.shape[1]
     M = int(hyper["M"])
     graph = make_graph(o["graph"], J)
-    shards, index = make_shards(Y, node, J)
+    shards, index = nodes.make_shards(Y, node, J)
     W0 = init_globals(init_key(key), D, M).mw
     learn_tau = hyper.get("tau") is None
     proto = make_protocol(graph, W0=W0, tau0=1.0 if learn_tau else float(hyper["tau"]), learn_tau=learn_tau,
                           eta=float(o["eta"]))
-    res = run_distributed(proto, shards, jax.random.fold_in(key, 1), o, participation, callback)
+    res = nodes.run_distributed(proto, shards, jax.random.fold_in(key, 1), o, participation, callback)
     return res, shards, index
 
 
-@register_method("dppca", kind="point", models=("bpca",), options=NETWORK_OPTIONS)
+@register_method("dppca", kind="point", models=("bpca",), options=nodes.NETWORK_OPTIONS)
 def run_dppca(ctx: FitContext) -> Draws:
     """D-PPCA (Yoon & Pavlovic 2012): distributed ML-PPCA by consensus ADMM with missing-data EM; point estimate."""
     o = ctx.options
     Y = ctx.data["Y"]
     N = Y.shape[0]
-    node, J = node_assignment(ctx.data, o["num_nodes"], "dppca")
+    node, J = nodes.node_assignment(ctx.data, o["num_nodes"], "dppca")
     make_graph(o["graph"], J)
     res, _, index = fit_dppca(Y, node, J, ctx.hyper, ctx.key, o)
     alive = np.asarray(res.alive)
     W = np.asarray(res.messages["W"])[alive].mean(0)
     mu = np.asarray(res.messages["mu"])[alive].mean(0)
     tau = np.asarray(res.messages["tau"])[alive].mean(0)
-    z = to_rows(res.states.Ez, index, np.zeros((N, W.shape[1])))
+    z = nodes.to_rows(res.states.Ez, index, np.zeros((N, W.shape[1])))
     post = {"W": W[None, None], "mu": mu[None, None], "z": z[None, None]}
     if ctx.hyper.get("tau") is None:
         post["tau"] = np.asarray(tau)[None, None]
     h = res.history
     traces = {k: h[k] for k in ("loglik", "loglik_node", "residual", "max_angle") if k in h}
     traces["bytes_sent"] = h["bytes_sent"]
-    nodes = xr.Dataset({"W": (("node", "feature", "component"), np.asarray(res.messages["W"])),
+    per_node = xr.Dataset({"W": (("node", "feature", "component"), np.asarray(res.messages["W"])),
                         "mu": (("node", "feature"), np.asarray(res.messages["mu"])),
                         "tau": (("node",), np.asarray(res.messages["tau"])),
                         "alive": (("node",), alive.astype(np.int8))})
-    attrs = run_attrs(res, J)
+    attrs = nodes.run_attrs(res, J)
     if len(h.get("residual", [])):
         attrs["consensus_residual"] = float(h["residual"][-1])
     return Draws(posterior=post, traces=traces, dims={"loglik_node": ["iteration", "node"],
                                                       "bytes_sent": ["iteration", "node"]},
-                 groups={"nodes": nodes}, attrs=attrs, objective=float(h["loglik"][-1]) if res.rounds else None,
+                 groups={"nodes": per_node}, attrs=attrs, objective=float(h["loglik"][-1]) if res.rounds else None,
                  converged=res.converged, n_iter=res.rounds)

@@ -51,11 +51,13 @@ def make_shards(Y, node, J: int) -> tuple[Shard, np.ndarray]:
     return Shard(jnp.asarray(X), jnp.asarray(O), jnp.asarray(row)), index
 
 
-def _slot_where(mask, new, old):
+def slot_where(mask, new, old):
+    """Per-slot select: slot k of ``new`` where ``mask[k]`` (an active neighbour), else of ``old``."""
     return jax.tree.map(lambda n, o: jnp.where(mask.reshape(mask.shape + (1,) * (n.ndim - 1)), n, o), new, old)
 
 
-def _slot_sum(mask, x):
+def slot_sum(mask, x):
+    """Sum over the active slots (leading axis) of ``x``."""
     return jnp.sum(jnp.where(mask.reshape(mask.shape + (1,) * (x.ndim - 1)), x, 0.0), axis=0)
 
 

@@ -120,7 +120,6 @@ def run_inprocess(protocol: Protocol, shards: Any, key: jax.Array, *, max_rounds
                   progress: bool | None = None, carry: Carry | None = None) -> RunResult:
     """Run ``protocol`` on stacked ``shards`` (pytree with leading node axis J) for at most ``max_rounds``
     rounds or until the stopping rule (module docstring) fires. ``carry`` resumes from a previous carry."""
-    J = jax.tree.leaves(shards)[0].shape[0]
     one_shard = jax.tree.map(lambda a: a[0], shards)
     nbytes = tree_nbytes(jax.eval_shape(protocol.init, one_shard, jax.random.key(0))[1])
     init, step = kernel(protocol, participation)
