@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inference import bpca_vb as B
+from inference.bpca import badmm, nodes
+from inference.bpca import common as C
 from inference.distributed import make_graph, ray_available
 from inference.distributed.inprocess import initial_carry, make_round
 from inference.distributed.protocol import node_key
@@ -26,14 +27,14 @@ HYPER = dict(M=3, tau=4.0, alpha=1.0, theta=0.01, a_tau=1e-3, b_tau=1e-3, a_alph
 
 
 def _protocol(J, D, graph="ring", eta=10.0):
-    cfg = B.cfg_from(HYPER, D)
-    return B.make_protocol(cfg, make_graph(graph, J), g0=B.init_globals(jax.random.key(0), D, 3), eta=eta,
-                           prior_weight="split", adaptive_eta=False, tol=0.0, tol_consensus=None)
+    cfg = C.cfg_from(HYPER, D)
+    return badmm.make_protocol(cfg, make_graph(graph, J), g0=C.init_globals(jax.random.key(0), D, 3), eta=eta,
+                           prior_weight="split", adaptive_eta=False)
 
 
 def runner_vs_loop(h, J, D, n_per_node, rounds=10):
     data, _ = simulate(0, N=J * n_per_node, D=D, M=3, num_nodes=J)
-    shards, _ = B.make_shards(data["Y"], data["node"], J)
+    shards, _ = nodes.make_shards(data["Y"], data["node"], J)
     proto = _protocol(J, D)
     key = jax.random.key(3)
     carry0 = jax.jit(lambda s, k: initial_carry(proto, s, k))(shards, key)
@@ -72,9 +73,9 @@ def eta_topology_table(h):
     graphs = ("ring", "star") if SMALL else ("ring", "complete", "star", "chain")
     for graph in graphs:
         for eta in (1.0, 10.0, 100.0):
-            o = {**B.BADMM_OPTIONS, "progress": False, "graph": graph, "eta": eta, "max_iter": 2000}
+            o = {**badmm.BADMM_DEFAULTS, "progress": False, "graph": graph, "eta": eta, "max_iter": 2000}
             t0 = time.perf_counter()
-            _, res, _, _ = B.fit_badmm(data["Y"], data["node"], 5, HYPER, jax.random.key(1), o)
+            _, res, _, _ = badmm.fit_badmm(data["Y"], data["node"], 5, HYPER, jax.random.key(1), o)
             wall = time.perf_counter() - t0
             r = res.history["residual"]
             first = int(np.argmax(r < 1e-3)) + 1 if np.any(r < 1e-3) else None
@@ -95,7 +96,7 @@ def ray_overhead(h, J=4, rounds=30):
     import ray
 
     data, _ = simulate(0, N=J * 50, num_nodes=J)
-    shards, _ = B.make_shards(data["Y"], data["node"], J)
+    shards, _ = nodes.make_shards(data["Y"], data["node"], J)
     proto = _protocol(J, 20)
     key = jax.random.key(3)
     stamps = []

@@ -98,8 +98,9 @@ KERNEL_MODULES: tuple[str, ...] = (
     "inference.gp_alps.gibbs",
     "inference.gp_alps.svi",
     "inference.gp_alps.predict",
-    "inference.bpca_vb",
-    "inference.bpca_dppca",
+    "inference.bpca.vbem",
+    "inference.bpca.badmm",
+    "inference.bpca.dppca",
 )
 
 

@@ -43,18 +43,21 @@ class StopRule(NamedTuple):
     where ``|f_t - f_{t-1}| <= tol * scale`` (``f`` the objective; ``scale = |f_t|`` for
     ``kind="relative"``, 1 for ``"absolute"``). ``tol = 0`` never stops early. ``kind="increase"`` stops on
     the relative *increase* ``f_t - f_{t-1} <= tol |f_t|`` (a monotone bound: a decrease also stops, and
-    the trace shows it)."""
+    the trace shows it). ``tol_residual`` (consensus ADMM): the rule also needs ``Info.residual <
+    tol_residual`` (a joint rule: the objective settles long before the nodes agree)."""
 
     max_iter: int
     tol: float = 0.0
     kind: str = "relative"
+    tol_residual: float | None = None
 
-    def reached(self, previous, current):
-        if self.tol <= 0:   # as documented: tol = 0 never stops early (not even on an exactly repeated value)
-            return jnp.zeros(jnp.shape(current), bool)
+    def reached(self, previous, current, residual=None):
         change = current - previous if self.kind == "increase" else jnp.abs(current - previous)
         scale = 1.0 if self.kind == "absolute" else jnp.abs(current)
-        return (self.tol > 0) & jnp.isfinite(previous) & (change <= self.tol * scale)
+        fired = (self.tol > 0) & jnp.isfinite(previous) & (change <= self.tol * scale)
+        if self.tol_residual is not None:
+            fired = fired & (residual < self.tol_residual)
+        return fired
 
 
 class Run(NamedTuple):
@@ -131,7 +134,7 @@ def _optimiser_chunk(step: Kernel, rule: StopRule, chunk: int):
     def one(carry, _, problem):
         state, f, done, conv, it, k = carry
         new, info = step(jax.random.fold_in(k, it), state, problem)
-        fired = rule.reached(f, info.objective)
+        fired = rule.reached(f, info.objective, getattr(info, "residual", None))
         stop = fired | (it + 1 >= rule.max_iter)
         state = _freeze(done, state, new)
         conv = conv | (~done & fired)

@@ -2,7 +2,7 @@
 
 ``guide``: ``"normal"`` (AutoNormal, mean field), ``"lowrank"`` (AutoLowRankMultivariateNormal,
 ``rank`` option) or ``"mvn"`` (AutoMultivariateNormal), or a callable: a hand-written NumPyro guide with the
-model's signature (e.g. ``inference.bpca_vb.guide``, the closed-form MFVI family of BPCA; ``init`` and ``rank``
+model's signature (e.g. ``inference.bpca.guide.guide``, the closed-form MFVI family of BPCA; ``init`` and ``rank``
 are then unused). Adam (optax) with ``learning_rate``;
 ``num_steps`` steps; the ELBO trace is kept in ``sample_stats.elbo``. ``num_samples`` draws are taken
 from the fitted guide, and ``log_q`` (the guide's log density at each draw, in the model's

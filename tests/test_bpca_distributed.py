@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from inference import bpca_dppca as P
-from inference import bpca_vb as B
+from inference.bpca import badmm, dppca, vbem
+from inference.bpca import common as C
 from inference.distributed import NodeFailureError
 from zoo.bpca import simulate, simulate_cube, subspace_angle, svd_structure
 
@@ -22,7 +22,7 @@ DPPCA_OPTIONS = {"graph": "ring", "eta": 10.0, "max_iter": 2000, "tol": 1e-6, "t
 
 
 def badmm_options(**kw):
-    return {**B.BADMM_OPTIONS, "progress": False, **kw}
+    return {**badmm.BADMM_DEFAULTS, "progress": False, **kw}
 
 
 def node_max_angle(reference, Ws):
@@ -46,8 +46,8 @@ def test_ray_runner_gives_the_inprocess_iterates_on_lr20_ring(ray_session):
     # issue 8: runner="ray" gives exactly the in-process result: same iterates to 1e-10 (float64 rounding; the node
     # step is jitted per actor instead of vmapped) after 30 rounds, J = 5 ring
     data, _ = simulate(0)
-    _, a, _, _ = B.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, KEY, badmm_options(max_iter=30, tol=0.0))
-    _, b, _, _ = B.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, KEY,
+    _, a, _, _ = badmm.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, KEY, badmm_options(max_iter=30, tol=0.0))
+    _, b, _, _ = badmm.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, KEY,
                              badmm_options(max_iter=30, tol=0.0, runner="ray"))
     assert a.rounds == b.rounds == 30
     for k in a.messages:
@@ -69,7 +69,7 @@ def _killer(node, at_round):
 def test_ray_node_failure_raises_naming_the_node_and_keeps_the_last_round(ray_session):
     data, _ = simulate(0)
     with pytest.raises(NodeFailureError, match="node 2") as err:
-        B.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, KEY, badmm_options(max_iter=20, tol=0.0, runner="ray"),
+        badmm.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, KEY, badmm_options(max_iter=20, tol=0.0, runner="ray"),
                     callback=_killer(2, 5))
     assert err.value.node == 2 and err.value.round == 6
     res = err.value.result
@@ -82,14 +82,14 @@ def test_ray_node_failure_raises_naming_the_node_and_keeps_the_last_round(ray_se
 def test_ray_continue_after_failure_on_a_ring_and_fail_when_the_star_hub_dies(ray_session):
     # a ring minus one node is a chain (connected): the run proceeds without it; a star without its hub is not
     data, _ = simulate(0)
-    _, res, _, _ = B.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, KEY,
+    _, res, _, _ = badmm.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, KEY,
                                badmm_options(max_iter=40, tol=0.0, runner="ray", on_node_failure="continue"),
                                callback=_killer(2, 5))
     assert res.rounds == 40 and list(res.alive) == [True, True, False, True, True]
     assert res.failures and res.failures[0][1] == 2
     assert np.all(res.history["active"][6:, 2] == 0)
     with pytest.raises(NodeFailureError, match="connected"):
-        B.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, KEY,
+        badmm.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, KEY,
                     badmm_options(graph="star", max_iter=20, tol=0.0, runner="ray", on_node_failure="continue"),
                     callback=_killer(0, 3))
 
@@ -119,7 +119,7 @@ def test_cube_noise_dmfvi_is_as_accurate_as_svd(noise):
     # 0.1 deg of the centralised SVD's angle on the same data (P for SVD: 0.02/0.10/0.21 deg; D-MFVI not prototyped)
     for seed in range(5):
         data, truth = simulate_cube(seed, noise=noise)
-        _, res, _, _ = B.fit_badmm(data["Y"], data["node"], 5, CUBE_HYPER, KEY, badmm_options())
+        _, res, _, _ = badmm.fit_badmm(data["Y"], data["node"], 5, CUBE_HYPER, KEY, badmm_options())
         a_d = node_max_angle(truth["structure"], res.messages["mw"])
         a_svd = subspace_angle(truth["structure"], svd_structure(data["Y"]))
         assert a_d <= a_svd + 0.1, (seed, a_d, a_svd)
@@ -139,9 +139,9 @@ def test_cube_noise_gap_is_the_free_offset_and_the_eta_scale(noise):
         Y, S = data["Y"], truth["structure"]
         a_svd = subspace_angle(S, svd_structure(Y))
         a_cc = subspace_angle(S, np.linalg.svd(Y - Y.mean(0), full_matrices=False)[2][:3].T)
-        st, _, _ = B.run(B.cfg_from(CUBE_HYPER, 8), B.shard_of(Y), B.init_key(KEY), max_iter=5000, tol=1e-10)
+        st, _, _ = vbem.run(C.cfg_from(CUBE_HYPER, 8), C.shard_of(Y), C.init_key(KEY), max_iter=5000, tol=1e-10)
         assert abs(subspace_angle(S, np.asarray(st.g.mw)) - a_cc) < 0.005, seed
-        _, res, _, _ = B.fit_badmm(Y, data["node"], 5, dict(CUBE_HYPER, theta=1e8), KEY,
+        _, res, _, _ = badmm.fit_badmm(Y, data["node"], 5, dict(CUBE_HYPER, theta=1e8), KEY,
                                    badmm_options(adaptive_eta=True, max_iter=5000))
         a_d = node_max_angle(S, res.messages["mw"])
         assert a_d <= a_svd + 0.1, (seed, a_d, a_svd)
@@ -163,14 +163,14 @@ def test_cube_20pct_missing_at_random():
     a_d, a_p, rmse_d, rmse_c = [], [], [], []
     for seed in range(10):
         data, truth = simulate_cube(seed, noise=1e-5, missing="mar")
-        _, res, _, index = B.fit_badmm(data["Y"], data["node"], 5, CUBE_HYPER, KEY, badmm_options())
-        resp, _, _ = P.fit_dppca(data["Y"], data["node"], 5, CUBE_HYPER, KEY, DPPCA_OPTIONS)
+        _, res, _, index = badmm.fit_badmm(data["Y"], data["node"], 5, CUBE_HYPER, KEY, badmm_options())
+        resp, _, _ = dppca.fit_dppca(data["Y"], data["node"], 5, CUBE_HYPER, KEY, DPPCA_OPTIONS)
         a_d.append(node_max_angle(truth["structure"], res.messages["mw"]))
         a_p.append(node_max_angle(truth["structure"], resp.messages["W"]))
         miss = truth["missing_mask"]
         rec_d = _reconstruction(res.states.vb.mz, res.messages["mw"], res.messages["mmu"], index)
-        cfg = B.cfg_from(CUBE_HYPER, 8)
-        st, _, _ = B.run(cfg, B.shard_of(data["Y"]), B.init_key(KEY), max_iter=5000, tol=1e-9)
+        cfg = C.cfg_from(CUBE_HYPER, 8)
+        st, _, _ = vbem.run(cfg, C.shard_of(data["Y"]), C.init_key(KEY), max_iter=5000, tol=1e-9)
         rec_c = np.asarray(st.mz @ st.g.mw.T + st.g.mmu)
         rmse_d.append(np.sqrt(np.mean((rec_d - truth["Y_complete"])[miss] ** 2)))
         rmse_c.append(np.sqrt(np.mean((rec_c - truth["Y_complete"])[miss] ** 2)))
@@ -186,8 +186,8 @@ def cube_occlusion_runs():
     runs = []
     for init in range(10):
         key = jax.random.key(100 + init)
-        _, res, _, _ = B.fit_badmm(data["Y"], data["node"], 5, CUBE_HYPER, key, badmm_options())
-        resp, _, _ = P.fit_dppca(data["Y"], data["node"], 5, CUBE_HYPER, key, DPPCA_OPTIONS)
+        _, res, _, _ = badmm.fit_badmm(data["Y"], data["node"], 5, CUBE_HYPER, key, badmm_options())
+        resp, _, _ = dppca.fit_dppca(data["Y"], data["node"], 5, CUBE_HYPER, key, DPPCA_OPTIONS)
         runs.append((node_max_angle(truth["structure"], res.messages["mw"]), float(res.history["residual"][-1]),
                      node_max_angle(truth["structure"], resp.messages["W"])))
     return truth, runs

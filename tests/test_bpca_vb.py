@@ -18,8 +18,11 @@ from numpyro.infer import Trace_ELBO
 from numpyro.infer.util import substitute
 
 import inference
-from inference import bpca_vb as B
+from inference.bpca import badmm, nodes, vbem
+from inference.bpca import common as C
+from inference.bpca import guide as G
 from inference.distributed import make_graph, run_inprocess
+from inference.loop import StopRule
 from zoo import bpca
 from zoo.bpca import simulate, subspace_angle
 
@@ -28,24 +31,26 @@ INIT_KEY = jax.random.key(1)
 
 
 def badmm_options(**kw):
-    return {**B.BADMM_OPTIONS, "progress": False, **kw}
+    return {**badmm.BADMM_DEFAULTS, "progress": False, **kw}
 
 
 def central(Y, hyper, max_iter, key=INIT_KEY):
-    cfg = B.cfg_from(hyper, Y.shape[1])
-    shard = B.shard_of(Y)
-    st, trace, _ = B.run(cfg, shard, B.init_key(key), max_iter=max_iter, tol=0.0, chunk=max(1, min(max_iter, 1000)))
+    cfg = C.cfg_from(hyper, Y.shape[1])
+    shard = C.shard_of(Y)
+    run = vbem.run(cfg, shard, C.init_key(key), max_iter=max_iter, tol=0.0, chunk=max(1, min(max_iter, 1000)))
+    st, trace = run.state, run.info.objective
     return cfg, shard, st, trace
 
 
-def consensus_elbo(cfg, shard, res, tau=None):
+def consensus_elbo(cfg, shard, res, index):
     """ELBO_D: the centralised ELBO at the consensus q (module docstring)."""
-    g, tau_q, alpha_q = B.consensus_q(res, cfg)
-    g = B.Globals(*map(jnp.asarray, g))
-    st = B.init_state(cfg, g, shard.X.shape[0])._replace(tau=jnp.asarray(tau_q), alpha=jnp.asarray(alpha_q))
-    Etau = B.expectations(cfg, st.tau, st.alpha)[0]
-    mz, Sz, _ = B.z_step(g, Etau, shard)
-    return float(B.elbo(cfg, st._replace(mz=mz, Sz=Sz), shard)), g
+    q = badmm.consensus_q(res, cfg, index, shard.X.shape[0])
+    g = q.g
+    st = C.init_state(cfg, g, shard.X.shape[0])
+    st = st._replace(tau=q.tau if q.tau is not None else st.tau, alpha=q.alpha if q.alpha is not None else st.alpha)
+    Etau = C.expectations(cfg, st.tau, st.alpha)[0]
+    mz, Sz, _ = C.z_step(g, Etau, shard)
+    return float(C.elbo(cfg, st._replace(mz=mz, Sz=Sz), shard)), g
 
 
 def node_angles(reference_W, res):
@@ -69,7 +74,7 @@ def lr20_central(lr20):
 def lr20_ring(lr20):
     """D-MFVI, ring, J = 5, eta = 10, split prior: 1000 rounds (notes test 4; stopping rule off)."""
     data, _ = lr20
-    return B.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, INIT_KEY, badmm_options(max_iter=1000, tol=0.0))
+    return badmm.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, INIT_KEY, badmm_options(max_iter=1000, tol=0.0))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -94,12 +99,12 @@ def test_closed_form_elbo_equals_numpyro_elbo_of_model_and_guide(learn):
     data, _ = simulate(3, N=60, D=8, M=2, scales=(3.0, 1.5), missing=0.1)
     hyper = dict(LR20_HYPER, M=2, tau=None if learn else 4.0, alpha=None if learn else 1.0)
     cfg, shard, st, trace = central(data["Y"], hyper, 20)
-    closed = float(B.elbo(cfg, st, shard))
+    closed = float(C.elbo(cfg, st, shard))
     assert closed == pytest.approx(trace[-1], rel=1e-12)     # the ELBO the sweep reports is the same function
     kw = bpca.model_inputs(data, hyper)
-    params = B.guide_params(cfg, st)
+    params = G.guide_params(C.q_of(cfg, st.g, st.tau, st.alpha, st.mz, st.Sz))
     model = substitute(bpca.model, data={})
-    guide = substitute(B.guide, data=params)
+    guide = substitute(G.guide, data=params)
     loss = Trace_ELBO(num_particles=250, vectorize_particles=True)
     neg_loss = jax.jit(lambda k: -loss.loss(k, {}, model, guide, **kw))
     vals = np.array([float(neg_loss(k)) for k in jax.random.split(jax.random.key(7), 40)])
@@ -125,7 +130,7 @@ def test_badmm_with_one_node_reproduces_vbem_iterates(lr20):
     # notes test 3: J = 1 (no edges, c = 1) is the centralised sweep: max |difference| < 1e-10 after 50 sweeps
     data, _ = lr20
     cfg, _, st, trace = central(data["Y"], LR20_HYPER, 50)
-    _, res, _, _ = B.fit_badmm(data["Y"], np.zeros(200, int), 1, LR20_HYPER, INIT_KEY,
+    _, res, _, _ = badmm.fit_badmm(data["Y"], np.zeros(200, int), 1, LR20_HYPER, INIT_KEY,
                                badmm_options(max_iter=50, tol=0.0))
     assert res.rounds == 50
     for name in ("mw", "vw", "mmu", "vmu"):
@@ -143,7 +148,7 @@ def test_badmm_ring_reaches_the_centralised_solution_on_lr20(lr20, lr20_central,
     _, res, _, index = lr20_ring
     assert res.history["residual"][-1] < 2e-3
     assert max(node_angles(stc.g.mw, res)) < 0.05
-    e_d, g = consensus_elbo(cfg, shard, res)
+    e_d, g = consensus_elbo(cfg, shard, res, index)
     assert abs(e_d - trace[-1]) / abs(trace[-1]) < 1e-4
     rec_c = np.asarray(stc.mz @ stc.g.mw.T + stc.g.mmu)
     diffs = []
@@ -159,12 +164,10 @@ def test_joint_stopping_rule_waits_for_consensus(lr20_ring):
     # notes test 7 (second half) and E27: the default rule (relative ELBO change < 1e-6 AND residual < 1e-3),
     # evaluated on the 1000 recorded rounds, never fires while the residual is >= 1e-3, and does fire
     cfg, res, _, _ = lr20_ring
-    proto = B.make_protocol(cfg, make_graph("ring", 5), g0=B.init_globals(INIT_KEY, 20, 3), eta=10.0,
-                            prior_weight="split", adaptive_eta=False, tol=B.BADMM_OPTIONS["tol"],
-                            tol_consensus=B.BADMM_OPTIONS["tol_consensus"])
+    rule = StopRule(res.rounds, badmm.BADMM_DEFAULTS["tol"], "relative", badmm.BADMM_DEFAULTS["tol_consensus"])
     h = res.history
-    fired = np.array([bool(proto.converged({"elbo": h["elbo"][t], "residual": h["residual"][t]},
-                                           {"elbo": h["elbo"][t - 1]}, t + 1)) for t in range(1, res.rounds)])
+    fired = np.array([bool(rule.reached(h["elbo"][t - 1], h["elbo"][t], h["residual"][t]))
+                      for t in range(1, res.rounds)])
     assert not np.any(fired & (h["residual"][1:] >= 1e-3))
     assert np.any(fired)
 
@@ -191,12 +194,11 @@ def test_node_update_ignores_non_neighbours():
     # node 2's parameters changes nothing at node 0 (exactly), perturbing node 1's changes node 0's update
     data, _ = simulate(5, N=50, D=6, M=2, scales=(2.0, 1.0), num_nodes=5)
     hyper = dict(LR20_HYPER, M=2)
-    cfg = B.cfg_from(hyper, 6)
+    cfg = C.cfg_from(hyper, 6)
     graph = make_graph("ring", 5)
-    shards, _ = B.make_shards(data["Y"], data["node"], 5)
-    g0 = B.init_globals(jax.random.key(0), 6, 2)
-    proto = B.make_protocol(cfg, graph, g0=g0, eta=10.0, prior_weight="split", adaptive_eta=False, tol=1e-6,
-                            tol_consensus=1e-3)
+    shards, _ = nodes.make_shards(data["Y"], data["node"], 5)
+    g0 = C.init_globals(jax.random.key(0), 6, 2)
+    proto = badmm.make_protocol(cfg, graph, g0=g0, eta=10.0, prior_weight="split", adaptive_eta=False)
     keys = jax.random.split(jax.random.key(1), 5)
     states, msgs = jax.vmap(proto.init)(shards, keys)
     # give every node a different message so the neighbour slots matter
@@ -225,12 +227,11 @@ def test_inprocess_runner_equals_a_sequential_python_loop():
     # float64 rounding)
     data, _ = simulate(6, N=40, D=6, M=2, scales=(2.0, 1.0), num_nodes=4, missing=0.1)
     hyper = dict(LR20_HYPER, M=2, tau=None)
-    cfg = B.cfg_from(hyper, 6)
+    cfg = C.cfg_from(hyper, 6)
     graph = make_graph("chain", 4)
-    shards, _ = B.make_shards(data["Y"], data["node"], 4)
-    g0 = B.init_globals(jax.random.key(0), 6, 2)
-    proto = B.make_protocol(cfg, graph, g0=g0, eta=10.0, prior_weight="split", adaptive_eta=False, tol=0.0,
-                            tol_consensus=None)
+    shards, _ = nodes.make_shards(data["Y"], data["node"], 4)
+    g0 = C.init_globals(jax.random.key(0), 6, 2)
+    proto = badmm.make_protocol(cfg, graph, g0=g0, eta=10.0, prior_weight="split", adaptive_eta=False)
     key = jax.random.key(3)
     res = run_inprocess(proto, shards, key, max_rounds=4, chunk=4)
     ref = sequential_reference(proto, shards, key, rounds=4)
@@ -292,8 +293,9 @@ def test_missing_node_assignment_is_reported_and_node_ids_are_labels():
     node = data["node"].copy()
     node[node == 1] = 0
     for labels in (node, node * 10**12, np.array([f"n{i}" for i in node])):
-        got, J = B.node_assignment({"Y": data["Y"], "node": labels}, None, "badmm")
-        want, _ = B.node_assignment({"Y": data["Y"], "node": np.unique(node, return_inverse=True)[1]}, None, "badmm")
+        got, J = nodes.node_assignment({"Y": data["Y"], "node": labels}, None, "badmm")
+        want, _ = nodes.node_assignment({"Y": data["Y"], "node": np.unique(node, return_inverse=True)[1]}, None,
+                                        "badmm")
         assert J == 3 and np.array_equal(got, want)
     Y = data["Y"].copy()
     Y[:] = np.nan
@@ -319,11 +321,11 @@ def test_badmm_consensus_equivalence_over_topologies_and_sizes(lr20_central_long
     # m^w < 0.05 deg (P: 0.0013-0.006 deg), relative ELBO gap < 1e-4 (P: |gap| <= 1.4e-4 incl. chain J=10)
     data, _ = simulate(0, num_nodes=J)
     cfg, shard, stc, trace = lr20_central_long
-    _, res, _, _ = B.fit_badmm(data["Y"], data["node"], J, LR20_HYPER, INIT_KEY,
-                               badmm_options(graph=graph, max_iter=1000, tol=0.0))
+    _, res, _, index = badmm.fit_badmm(data["Y"], data["node"], J, LR20_HYPER, INIT_KEY,
+                                       badmm_options(graph=graph, max_iter=1000, tol=0.0))
     assert res.history["residual"][-1] < 2e-3
     assert max(node_angles(stc.g.mw, res)) < 0.05
-    e_d, _ = consensus_elbo(cfg, shard, res)
+    e_d, _ = consensus_elbo(cfg, shard, res, index)
     assert abs(e_d - trace[-1]) / abs(trace[-1]) < 1e-4
 
 
@@ -334,7 +336,7 @@ def test_replicated_prior_gives_the_tempered_posterior_of_erratum_e3(lr20, lr20_
     # median lambda^w ratio lies in [0.6 J, 1.2 J] (P: 4.1-5.0 for J = 5)
     data, _ = lr20
     _, split, _, _ = lr20_ring
-    _, rep, _, _ = B.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, INIT_KEY,
+    _, rep, _, _ = badmm.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, INIT_KEY,
                                badmm_options(prior_weight="replicate", max_iter=1500, tol=0.0))
     N, tau, theta, J = 200, 4.0, 0.01, 5
     ratio = np.asarray(rep.messages["vmu"]) / np.asarray(split.messages["vmu"])
@@ -352,7 +354,7 @@ def test_eta_behaviour_on_the_ring(lr20, lr20_central_long):
     stc = lr20_central_long[2]
     first = {}
     for eta in (1.0, 10.0, 100.0):
-        _, res, _, _ = B.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, INIT_KEY,
+        _, res, _, _ = badmm.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, INIT_KEY,
                                    badmm_options(eta=eta, max_iter=800, tol=0.0))
         r = res.history["residual"]
         first[eta] = int(np.argmax(r < 1e-3)) + 1 if np.any(r < 1e-3) else None
@@ -368,7 +370,7 @@ def test_paper_stopping_rule_alone_stops_early(lr20):
     # notes test 7 (first half), E27: relative change < 1e-3 alone (no consensus criterion) stops within 86
     # rounds (P: <= 86 in all runs), long before the default rule
     data, _ = lr20
-    _, res, _, _ = B.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, INIT_KEY,
+    _, res, _, _ = badmm.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, INIT_KEY,
                                badmm_options(tol=1e-3, tol_consensus=None, max_iter=1000))
     assert res.converged and res.rounds <= 86
 
@@ -377,7 +379,7 @@ def test_positive_root_rule_including_the_unbounded_case():
     # E23 root rule of the variance steps: a >= 0: the positive root; a < 0: the smaller positive root; no real
     # root (a < 0, b^2 + 4ac < 0: the subproblem is unbounded below): the vertex -b/(2a)
     a, b, c = jnp.array([2.0, -3.0, -10.0, 0.0]), jnp.array([1.0, 4.0, 2.0, 5.0]), jnp.array([3.0, 1.0, 1.0, 2.0])
-    np.testing.assert_allclose(np.asarray(B.positive_root(a, b, c)), [1.0, 1.0 / 3.0, 0.1, 0.4], rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(C.positive_root(a, b, c)), [1.0, 1.0 / 3.0, 0.1, 0.4], rtol=1e-12)
 
 
 @pytest.mark.slow
@@ -387,7 +389,7 @@ def test_kl_variant_reaches_consensus(lr20):
     # positive_root clipped a negative discriminant to 0 (variance 2c/b) in the unbounded variance steps that the
     # linear variance duals create from round 2 on; the vertex -b/(2a) fixed it (see positive_root)
     data, _ = lr20
-    _, res, _, _ = B.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, INIT_KEY,
+    _, res, _, _ = badmm.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, INIT_KEY,
                                badmm_options(penalty="kl", max_iter=800, tol=0.0))
     assert res.history["residual"][-1] < 1e-3
 
@@ -402,9 +404,9 @@ def test_kl_variant_reaches_consensus(lr20):
 def test_kl_variant_matches_the_centralised_elbo(lr20, lr20_central_long):
     data, _ = lr20
     cfg, shard, _, trace = lr20_central_long
-    _, res, _, _ = B.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, INIT_KEY,
-                               badmm_options(penalty="kl", max_iter=800, tol=0.0))
-    e_d, _ = consensus_elbo(cfg, shard, res)
+    _, res, _, index = badmm.fit_badmm(data["Y"], data["node"], 5, LR20_HYPER, INIT_KEY,
+                                       badmm_options(penalty="kl", max_iter=800, tol=0.0))
+    e_d, _ = consensus_elbo(cfg, shard, res, index)
     assert abs(e_d - trace[-1]) / abs(trace[-1]) < 1e-4
 
 
@@ -418,7 +420,7 @@ def test_learned_tau_under_consensus_matches_centralised_vb(lr20):
         hyper = dict(LR20_HYPER, tau=None)
         _, _, stc, _ = central(data["Y"], hyper, 5000)
         tau_c = float(stc.tau[0] / stc.tau[1])
-        _, res, _, _ = B.fit_badmm(data["Y"], data["node"], 5, hyper, INIT_KEY, badmm_options(max_iter=1500))
+        _, res, _, _ = badmm.fit_badmm(data["Y"], data["node"], 5, hyper, INIT_KEY, badmm_options(max_iter=1500))
         tq = np.asarray(res.states.vb.tau)
         tau_d = tq[:, 0] / tq[:, 1]
         assert np.all(np.abs(tau_d / tau_c - 1) < 0.01), (tau_d, tau_c)
@@ -441,7 +443,7 @@ def tree_elbo(tree):
 @pytest.mark.slow
 def test_svi_with_the_mfvi_guide_reaches_the_closed_form_elbo(lr20, lr20_central):
     # notes test 14 on LR20 (tau fixed): SVI (the generic ``svi`` method, Adam 1e-2, 20k steps) with the matching
-    # MFVI guide (per-entry Normal W and mu, full-covariance MVN z_n: ``bpca_vb.guide``) has an ELBO within 0.5 %
+    # MFVI guide (per-entry Normal W and mu, full-covariance MVN z_n: ``bpca.guide.guide``) has an ELBO within 0.5 %
     # of the closed-form MFVI ELBO, and with AutoNormal (z_n factorised per coordinate, a smaller family) an ELBO
     # <= the closed-form ELBO + 3 MC standard errors. ELBOs of the fitted guides from 1000 draws (SE ~0.3 nat).
     # Measured: closed form -4878.4; MFVI guide -4896.9 +- 0.2 (-0.38 %), AutoNormal -4888.6 +- 0.2 (-0.21 %).
@@ -451,7 +453,7 @@ def test_svi_with_the_mfvi_guide_reaches_the_closed_form_elbo(lr20, lr20_central
     data, _ = lr20
     closed = float(lr20_central[3][-1])
     common = dict(seed=0, num_steps=20000, learning_rate=1e-2, num_particles=8, progress=False, **LR20_HYPER)
-    e_mfvi, se_mfvi = tree_elbo(inference.fit("bpca", data, "svi", guide=B.guide, **common))
+    e_mfvi, se_mfvi = tree_elbo(inference.fit("bpca", data, "svi", guide=G.guide, **common))
     e_normal, se_normal = tree_elbo(inference.fit("bpca", data, "svi", guide="normal", **common))
     assert abs(e_mfvi - closed) / abs(closed) < 5e-3, (e_mfvi, se_mfvi, closed)
     assert e_normal <= closed + 3 * se_normal, (e_normal, se_normal, closed)

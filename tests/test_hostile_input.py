@@ -326,7 +326,7 @@ def test_09_a_huge_ssgp_group_id_is_a_label_not_a_size():
 
 
 def test_09_a_huge_bpca_node_id_is_a_label_not_a_size():
-    from inference.bpca_vb import node_assignment
+    from inference.bpca.nodes import node_assignment
 
     data = small_data("bpca")
     data["node"] = data["node"].copy()

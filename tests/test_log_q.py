@@ -561,10 +561,10 @@ def test_bpca_log_q_is_the_scipy_density_of_the_stored_q(bpca_tree):
 
 
 def test_bpca_bound_is_the_model_space_elbo_of_the_drawn_q(bpca_tree):
-    """vbem: ``elbo_final``; badmm: ``elbo_consensus`` (the ELBO of the consensus q the draws come from;
-    ``elbo_final`` sums the node objectives and equals it only at exact consensus)."""
+    """vbem: ``objective``; badmm: ``elbo_consensus`` (the ELBO of the consensus q the draws come from;
+    ``objective`` sums the node objectives and equals it only at exact consensus)."""
     tree = bpca_tree
-    bound = tree.attrs["elbo_final" if tree.attrs["method"] == "vbem" else "elbo_consensus"]
+    bound = tree.attrs["objective" if tree.attrs["method"] == "vbem" else "elbo_consensus"]
     assert_bound_equals_mc(model_log_joint(tree) - bpca_scipy_log_q(tree), bound, tree.attrs["method"])
 
 

@@ -21,7 +21,9 @@ An algorithm is a ``Protocol`` (``protocol.py``) of pure JAX functions on pytree
     not part of the communication, reported to the driver for monitoring only.
 ``summarize(reports, messages, server_state, active) -> summary`` (optional): the per-round record
     (a dict of arrays: residuals, objective, ...) that becomes the history.
-``converged(summary, previous_summary, round) -> bool`` (optional): the stopping rule.
+``objective`` (optional): the name of the summary entry that is the run's objective. The stopping rule is
+    not the protocol's: the runners apply ``inference.loop.StopRule`` (relative change of the objective below
+    ``tol``, and the summary's ``"residual"`` below ``tol_residual`` when given; no objective: ``max_rounds``).
 
 Round t (1-based): every active node runs ``local_step`` on the inbox of round t-1 (synchronous,
 Jacobi schedule); inactive nodes keep their state and message; then ``aggregate`` computes the
@@ -31,8 +33,8 @@ per-node keys.
 Runners
 -------
 ``run_inprocess`` (``inprocess.py``): nodes stacked on a leading axis, ``local_step`` ``vmap``-ped and the
-whole round (local steps, aggregate, summary, stopping rule) one ``jit``-compiled function, run in
-compiled chunks of rounds. Records the bytes each node sends every round. ``participation(t, key,
+whole round (local steps, aggregate, summary) one kernel step, run by ``inference.loop.run_until_converged``
+in compiled chunks of rounds. Records the bytes each node sends every round. ``participation(t, key,
 alive) -> active`` gives partial participation / dropouts (federated learning).
 
 ``run_ray`` (``ray_runner.py``, needs ``pip install 'bayes-zoo[distributed]'``): one Ray actor per node

@@ -1,34 +1,47 @@
-"""The in-process runner: nodes stacked on a leading axis, ``local_step`` vmapped, one jit-compiled round.
+"""The in-process runner: nodes stacked on a leading axis, ``local_step`` vmapped, one round = one kernel step.
 
-``run_inprocess(protocol, shards, key, max_rounds=...)`` runs synchronous rounds (package docstring) in
-compiled chunks of ``chunk`` rounds (a ``lax.scan`` whose steps are skipped with ``lax.cond`` once the
-stopping rule fired or ``max_rounds`` is reached, so one compilation serves every chunk), with a
-progress bar between chunks. Every round records the protocol's summary, the bytes every node sent
-(its message size if it was active, else 0) and the active mask.
+A synchronous round (package docstring) is the ``step`` of a kernel on ``Carry`` (nodes' states and
+messages, the inboxes, the server, the round number) and ``run_inprocess`` runs it with the one loop,
+``inference.loop.run_until_converged``: compiled chunks of ``chunk`` rounds, a progress bar between chunks,
+and one stopping rule (``StopRule``: relative change of the summary's objective ``protocol.objective`` below
+``tol`` and, when ``tol_residual`` is given, the summary's ``"residual"`` below it). Every round records the
+protocol's summary, the bytes every node sent (its message size if it was active, else 0) and the active mask.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
 
 from inference.distributed.protocol import Protocol, RunResult, node_key, tree_nbytes
-from inference.progress import progress_enabled
+from inference.loop import StopRule, run_until_converged
 
 
 class Carry(NamedTuple):
+    """The kernel state of a distributed run: everything that lives between rounds."""
+
     states: Any
     messages: Any
     inbox: Any
     server: Any
     alive: jax.Array      # (J,) bool
-    summary: Any          # summary of the last completed round (or of the initial state)
-    done: jax.Array       # bool: the stopping rule fired
     t: jax.Array          # int: rounds completed
+
+
+class Problem(NamedTuple):
+    shards: Any           # stacked node data (J, ...)
+    key: jax.Array        # the run's key: node i of round t uses fold_in(fold_in(key, t), i)
+
+
+class Info(NamedTuple):
+    objective: jax.Array  # summary[protocol.objective] (0 when the protocol monitors none)
+    residual: jax.Array   # summary["residual"] (0 when absent)
+    summary: Any          # the protocol's per-round record
+    active: jax.Array     # (J,) bool: nodes that took part in the round
 
 
 def node_keys(key: jax.Array, t, J: int) -> jax.Array:
@@ -50,6 +63,11 @@ def _summarize(protocol: Protocol, states, shards, messages, server, active):
     return protocol.summarize(reports, messages, server, active)
 
 
+def _info(protocol: Protocol, summary, active) -> Info:
+    objective = summary[protocol.objective] if protocol.objective is not None else jnp.asarray(0.0)
+    return Info(jnp.asarray(objective, float), jnp.asarray(summary.get("residual", 0.0), float), summary, active)
+
+
 def initial_carry(protocol: Protocol, shards, key: jax.Array, alive=None) -> Carry:
     """Round 0: every node's ``init``, the server's state and the first inboxes."""
     J = jax.tree.leaves(shards)[0].shape[0]
@@ -57,12 +75,11 @@ def initial_carry(protocol: Protocol, shards, key: jax.Array, alive=None) -> Car
     states, messages = jax.vmap(protocol.init)(shards, node_keys(key, 0, J))
     server = protocol.init_server(messages, alive) if protocol.init_server is not None else None
     server, inbox = protocol.aggregate(server, messages, alive)
-    summary = _summarize(protocol, states, shards, messages, server, alive)
-    return Carry(states, messages, inbox, server, alive, summary, jnp.asarray(False), jnp.asarray(0))
+    return Carry(states, messages, inbox, server, alive, jnp.asarray(0))
 
 
 def make_round(protocol: Protocol, participation=None):
-    """``round(carry, shards, key) -> (carry, row)``: one synchronous round (not jitted; the runner jits it).
+    """``round(carry, shards, key) -> (carry, Info)``: one synchronous round (not jitted; the loop jits it).
 
     ``participation(t, round_key, alive) -> active`` (J,) bool, default: every alive node."""
 
@@ -77,50 +94,43 @@ def make_round(protocol: Protocol, participation=None):
         messages = _where_active(active, new_messages, carry.messages)
         server, inbox = protocol.aggregate(carry.server, messages, active)
         summary = _summarize(protocol, states, shards, messages, server, active)
-        done = protocol.converged(summary, carry.summary, t) if protocol.converged is not None else False
-        new = Carry(states, messages, inbox, server, carry.alive, summary, jnp.asarray(done), t)
-        return new, (summary, active)
+        return Carry(states, messages, inbox, server, carry.alive, t), _info(protocol, summary, active)
 
     return one_round
 
 
-def run_inprocess(protocol: Protocol, shards: Any, key: jax.Array, *, max_rounds: int, participation=None,
-                  chunk: int = 50, progress: bool | None = None, carry: Carry | None = None) -> RunResult:
-    """Run ``protocol`` on stacked ``shards`` (pytree with leading node axis J) for at most ``max_rounds``
-    rounds or until ``protocol.converged`` fires. ``carry`` resumes from a previous carry."""
-    J = jax.tree.leaves(shards)[0].shape[0]
-    one_shard = jax.tree.map(lambda a: a[0], shards)
-    msg_shape = jax.eval_shape(protocol.init, one_shard, jax.random.key(0))[1]
-    nbytes = tree_nbytes(msg_shape)
+@functools.lru_cache(maxsize=32)
+def kernel(protocol: Protocol, participation=None):
+    """``(init, step)`` of the round kernel (built once per protocol, so the loop's compiled chunks are reused).
+    The loop's per-step key is not used: the keys come from ``Problem.key`` and the round number, as in
+    ``run_ray``."""
     one_round = make_round(protocol, participation)
 
-    def step(c: Carry, shards, key, max_rounds):
-        stop = c.done | (c.t >= max_rounds)
+    def init(key, problem: Problem) -> Carry:
+        return initial_carry(protocol, problem.shards, problem.key)
 
-        def frozen(c):
-            return c, (c.summary, jnp.zeros(J, bool))
+    def step(key, carry: Carry, problem: Problem):
+        return one_round(carry, problem.shards, problem.key)
 
-        return jax.lax.cond(stop, frozen, lambda c: one_round(c, shards, key), c)
+    return init, step
 
-    chunk = max(1, min(chunk, max_rounds))
-    run_chunk = jax.jit(lambda c, shards, key, mr: jax.lax.scan(lambda cc, _: step(cc, shards, key, mr), c, None,
-                                                                length=chunk))
-    c = carry if carry is not None else jax.jit(lambda s, k: initial_carry(protocol, s, k))(shards, key)
-    start = int(c.t)
-    rows = []
-    bar = tqdm(total=max_rounds - start, desc=protocol.name, disable=not progress_enabled(progress), leave=False)
-    while True:
-        before = int(c.t)
-        c, out = run_chunk(c, shards, key, max_rounds)
-        rows.append(out)
-        bar.update(int(c.t) - before)
-        if bool(c.done) or int(c.t) >= max_rounds:
-            break
-    bar.close()
-    n = int(c.t) - start
-    summaries, active = jax.tree.map(lambda *a: np.concatenate([np.asarray(x) for x in a], 0)[:n], *rows)
-    history = {k: np.asarray(v) for k, v in dict(summaries).items()}
-    history["active"] = np.asarray(active)
-    history["bytes_sent"] = np.asarray(active, dtype=np.int64) * nbytes
+
+def run_inprocess(protocol: Protocol, shards: Any, key: jax.Array, *, max_rounds: int, tol: float = 0.0,
+                  tol_residual: float | None = None, participation=None, chunk: int = 50,
+                  progress: bool | None = None, carry: Carry | None = None) -> RunResult:
+    """Run ``protocol`` on stacked ``shards`` (pytree with leading node axis J) for at most ``max_rounds``
+    rounds or until the stopping rule (module docstring) fires. ``carry`` resumes from a previous carry."""
+    one_shard = jax.tree.map(lambda a: a[0], shards)
+    nbytes = tree_nbytes(jax.eval_shape(protocol.init, one_shard, jax.random.key(0))[1])
+    init, step = kernel(protocol, participation)
+    start = 0 if carry is None else int(carry.t)
+    rule = StopRule(max(1, max_rounds - start), tol, "relative", tol_residual)
+    run = run_until_converged(init, step, Problem(shards, key), key, rule, chunk=chunk, progress=progress,
+                              desc=protocol.name,
+                              init_state=None if carry is None else jax.tree.map(lambda a: jnp.asarray(a)[None], carry))
+    c = run.state
+    history = {k: np.asarray(v) for k, v in dict(run.info.summary).items()}
+    history["active"] = np.asarray(run.info.active)
+    history["bytes_sent"] = np.asarray(run.info.active, dtype=np.int64) * nbytes
     return RunResult(states=c.states, messages=c.messages, server_state=c.server, history=history, rounds=int(c.t),
-                     converged=bool(c.done), alive=np.asarray(c.alive), message_nbytes=nbytes)
+                     converged=run.converged, alive=np.asarray(c.alive), message_nbytes=nbytes)

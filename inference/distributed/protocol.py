@@ -16,7 +16,9 @@ class Protocol:
 
     ``graph`` (optional, an ``inference.distributed.Graph``) lets a runner check that the network stays
     connected after a node failure; without it (a server topology) a failure never disconnects.
-    ``name`` is used in progress bars and error messages.
+    ``name`` is used in progress bars and error messages. ``objective`` names the entry of the summary that
+    is the run's objective (the stopping rule's; None: the protocol monitors none, and
+    runs stop after ``max_rounds``); a summary entry ``"residual"`` is the consensus residual of a joint rule.
     """
 
     init: Callable[[Any, jax.Array], tuple[Any, Any]]
@@ -25,8 +27,8 @@ class Protocol:
     init_server: Callable[[Any, jax.Array], Any] | None = None
     report: Callable[[Any, Any], Any] | None = None
     summarize: Callable[[Any, Any, Any, jax.Array], Any] | None = None
-    converged: Callable[[Any, Any, jax.Array], jax.Array] | None = None
     graph: Any = None
+    objective: str | None = None
     name: str = "protocol"
 
 

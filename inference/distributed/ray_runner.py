@@ -3,7 +3,8 @@
 ``run_ray(protocol, shards, key, max_rounds=...)`` gives the same iterates as ``run_inprocess`` (same
 ``local_step``, same per-node keys; the node step runs jitted on one node instead of vmapped, so the two
 agree to rounding). Each round the driver sends node i its inbox, gathers the messages of the active
-nodes, calls ``aggregate`` (jitted) and the protocol's ``summarize``/``converged``.
+nodes, calls ``aggregate`` (jitted) and the protocol's ``summarize``, and applies the same stopping rule
+(``inference.loop.StopRule``) to the summary.
 
 Failures: an actor that dies (``ray.kill``, a crashed process, a lost machine) raises in the driver's
 ``ray.get``. With ``on_node_failure="raise"`` (default) the survivors roll back to the last completed
@@ -29,6 +30,7 @@ from tqdm.auto import tqdm
 
 from inference.distributed.graphs import is_connected
 from inference.distributed.protocol import NodeFailureError, Protocol, RunResult, node_key, stack_history, tree_nbytes
+from inference.loop import StopRule
 from inference.progress import progress_enabled
 
 FAILURE_MODES = ("raise", "continue")
@@ -123,10 +125,11 @@ class RayRun:
         self.alive = alive
 
 
-def run_ray(protocol: Protocol, shards: Any, key: jax.Array, *, max_rounds: int, on_node_failure: str = "raise",
-            participation=None, callback=None, progress: bool | None = None,
-            ray_init: dict | None = None) -> RunResult:
-    """Run ``protocol`` with one Ray actor per node (see the module docstring). ``shards``: a pytree with a
+def run_ray(protocol: Protocol, shards: Any, key: jax.Array, *, max_rounds: int, tol: float = 0.0,
+            tol_residual: float | None = None, on_node_failure: str = "raise", participation=None, callback=None,
+            progress: bool | None = None, ray_init: dict | None = None) -> RunResult:
+    """Run ``protocol`` with one Ray actor per node (see the module docstring); ``tol``, ``tol_residual``: the
+    stopping rule, as for ``run_inprocess``. ``shards``: a pytree with a
     leading node axis J (as for ``run_inprocess``; a NamedTuple of stacked arrays counts as one pytree) or a
     Python list of J per-node pytrees."""
     if on_node_failure not in FAILURE_MODES:
@@ -152,7 +155,7 @@ def run_ray(protocol: Protocol, shards: Any, key: jax.Array, *, max_rounds: int,
     actors = [Actor.remote(protocol, shard_list[i], i, key_data) for i in range(J)]
     aggregate = jax.jit(protocol.aggregate)
     summarize = jax.jit(protocol.summarize) if protocol.summarize is not None else None
-    converged = jax.jit(protocol.converged) if protocol.converged is not None else None
+    rule = StopRule(max_rounds, tol, "relative", tol_residual)
     alive = np.ones(J, bool)
     failures: list[tuple[int, int, str]] = []
 
@@ -176,7 +179,7 @@ def run_ray(protocol: Protocol, shards: Any, key: jax.Array, *, max_rounds: int,
     nbytes = tree_nbytes(_slice(messages, 0))
     server = protocol.init_server(messages, jnp.asarray(alive)) if protocol.init_server is not None else None
     server, inbox = aggregate(server, messages, jnp.asarray(alive))
-    summary = summarize(reports, messages, server, jnp.asarray(alive)) if summarize is not None else {}
+    objective = -np.inf
     rows: list[dict] = []
     done = False
     t = 0
@@ -226,9 +229,10 @@ def run_ray(protocol: Protocol, shards: Any, key: jax.Array, *, max_rounds: int,
         if protocol.report is not None:
             reports = _stack([out[i][1] if i in out else _slice(reports, i) for i in range(J)])
         server, inbox = aggregate(server, messages, jnp.asarray(active))
-        new_summary = summarize(reports, messages, server, jnp.asarray(active)) if summarize is not None else {}
-        done = bool(converged(new_summary, summary, jnp.asarray(t))) if converged is not None else False
-        summary = new_summary
+        summary = summarize(reports, messages, server, jnp.asarray(active)) if summarize is not None else {}
+        if protocol.objective is not None:
+            previous, objective = objective, float(summary[protocol.objective])
+            done = bool(rule.reached(previous, objective, summary.get("residual")))
         row = {k: np.asarray(v) for k, v in dict(summary).items()}
         row["active"] = active.copy()
         row["bytes_sent"] = active.astype(np.int64) * nbytes

@@ -1,6 +1,6 @@
-"""D-PPCA: distributed maximum-likelihood probabilistic PCA by consensus ADMM (Yoon & Pavlovic, NIPS 2012), the
-baseline of the D-MFVI paper; notes ``shared/notes/004_dmfvi_badmm.md`` section 3.7 (missing-data version of
-``dppca_m*``: EM with per-row masks).
+"""D-PPCA (method ``dppca``): distributed maximum-likelihood probabilistic PCA by consensus ADMM (Yoon & Pavlovic,
+NIPS 2012), the baseline of the D-MFVI paper; notes ``shared/notes/004_dmfvi_badmm.md`` section 3.7
+(missing-data version of ``dppca_m*``: EM with per-row masks).
 
 Node i holds point estimates (W_i, mu_i, tau_i) (tau a precision) under Forero-simplified consensus ADMM with
 per-edge duals (Lambda for W, gamma for mu, beta for tau), same schedule and runners as ``badmm``:
@@ -16,8 +16,9 @@ per-edge duals (Lambda for W, gamma for mu, beta for tau), same schedule and run
   expected squared residual over the node's observed entries (n_obs, not N D: erratum E28); when the model's tau is
   fixed (``tau=`` given) it stays fixed.
 
-Messages: D M + D + 1 floats per node (about half of D-MFVI's). The objective monitored (and used by the
-stopping rule, relative change < ``tol`` and consensus residual < ``tol_consensus``, max over edges of
+Messages: D M + D + 1 floats per node (about half of D-MFVI's). The objective (``Info.objective`` of the round
+kernel run by ``inference.distributed.run_inprocess`` through ``inference.loop``, summary ``"loglik"``; the
+stopping rule: relative change <= ``tol`` and consensus residual < ``tol_consensus``, max over edges of
 |W_i - W_j|, |mu_i - mu_j| and |log tau_i - log tau_j|) is the sum over nodes of the
 marginal log-likelihood of the observed entries, log N(x_O; mu_O, W_O W_O^T + I/tau), by Woodbury from the
 E-step. Returns a point estimate (one draw): the node-average W, mu, tau and every row's E[z].
@@ -33,23 +34,15 @@ import numpy as np
 import xarray as xr
 
 from inference._methods import Draws, FitContext, register_method
-from inference.bpca_vb import (
+from inference.bpca import nodes
+from inference.bpca.common import (
     LOG_2PI,
-    RUNNERS,
     Globals,
     Shard,
-    _angle,
-    _check_common,
-    _orth,
-    _slot_sum,
-    _slot_where,
     expected_sq_residual,
     init_globals,
     init_key,
-    make_shards,
-    node_assignment,
     positive_root,
-    run_distributed,
     second_moments,
     z_step,
 )
@@ -92,13 +85,11 @@ def local_em(W, mu, tau, shard: Shard, pen, learn_tau: bool):
     return W, mu, tau, Ez, Sz, loglik
 
 
-def make_protocol(graph, *, W0, tau0: float, learn_tau: bool, eta: float, tol: float,
-                  tol_consensus: float | None) -> Protocol:
+def make_protocol(graph, *, W0, tau0: float, learn_tau: bool, eta: float) -> Protocol:
     K = graph.max_degree
     J = graph.J
     route = gossip(graph)
-    edges = jnp.asarray(graph.edges) if len(graph.edges) else jnp.zeros((0, 2), jnp.int64)
-    pairs = jnp.asarray(np.stack(np.triu_indices(J, 1), 1)) if J > 1 else jnp.zeros((0, 2), jnp.int64)
+    stats = nodes.agreement(graph)
     D, M = W0.shape
 
     def msg(st):
@@ -117,9 +108,9 @@ def make_protocol(graph, *, W0, tau0: float, learn_tau: bool, eta: float, tol: f
         eta_t = inbox["eta"]
         own, nbr = msg(st), inbox["nbr"]
         upd = jax.tree.map(lambda d, o, n: d + 0.5 * eta_t * (o[None] - n), st.duals, own, nbr)
-        duals = _slot_where(mask, upd, st.duals)
-        G = jax.tree.map(lambda d: _slot_sum(mask, d), duals)
-        anchor = jax.tree.map(lambda o, n: k * o + _slot_sum(mask, n), own, nbr)
+        duals = nodes.slot_where(mask, upd, st.duals)
+        G = jax.tree.map(lambda d: nodes.slot_sum(mask, d), duals)
+        anchor = jax.tree.map(lambda o, n: k * o + nodes.slot_sum(mask, n), own, nbr)
         W, mu, tau, Ez, Sz, ll = local_em(st.W, st.mu, st.tau, shard, {"k": k, "eta": eta_t, "G": G,
                                                                         "anchor": anchor}, learn_tau)
         new = PPCAState(W, mu, tau, duals, Ez, Sz, ll)
@@ -139,29 +130,14 @@ def make_protocol(graph, *, W0, tau0: float, learn_tau: bool, eta: float, tol: f
     def summarize(reports, messages, server, active):
         ll_node = reports["loglik"]
         total = jnp.sum(jnp.where(active, ll_node, 0.0))
-        if len(graph.edges):
-            P = jnp.concatenate([messages["W"].reshape(J, -1), messages["mu"],
-                                 jnp.log(messages["tau"])[:, None]], 1)   # tau relatively (scale-free)
-            both = active[edges[:, 0]] & active[edges[:, 1]]
-            res = jnp.max(jnp.where(both, jnp.max(jnp.abs(P[edges[:, 0]] - P[edges[:, 1]]), 1), 0.0))
-            Q = jax.vmap(_orth)(messages["W"])
-            ang = jax.vmap(lambda a, b: _angle(Q[a], Q[b]))(pairs[:, 0], pairs[:, 1])
-            both_p = active[pairs[:, 0]] & active[pairs[:, 1]]
-            max_angle = jnp.max(jnp.where(both_p, ang, 0.0))
-        else:
-            res, max_angle = jnp.asarray(0.0), jnp.asarray(0.0)
+        P = jnp.concatenate([messages["W"].reshape(J, -1), messages["mu"],
+                             jnp.log(messages["tau"])[:, None]], 1)   # tau relatively (scale-free)
+        res, max_angle = stats(P, messages["W"], active)
         return {"loglik": total, "loglik_node": ll_node, "residual": res, "max_angle": max_angle,
                 "eta": server["eta"]}
 
-    def converged(summary, prev, t):
-        rel = jnp.abs(summary["loglik"] - prev["loglik"]) / jnp.abs(summary["loglik"])
-        ok = rel < tol
-        if tol_consensus is not None:
-            ok = ok & (summary["residual"] < tol_consensus)
-        return ok & (t >= 2)
-
     return Protocol(init=init_fn, local_step=local_step, aggregate=aggregate, init_server=init_server,
-                    report=report, summarize=summarize, converged=converged, graph=graph, name="bpca dppca")
+                    report=report, summarize=summarize, graph=graph, name="bpca dppca", objective="loglik")
 
 
 def fit_dppca(Y, node, J, hyper, key, o, participation=None, callback=None):
@@ -169,56 +145,43 @@ def fit_dppca(Y, node, J, hyper, key, o, participation=None, callback=None):
     D = Y.shape[1]
     M = int(hyper["M"])
     graph = make_graph(o["graph"], J)
-    shards, index = make_shards(Y, node, J)
+    shards, index = nodes.make_shards(Y, node, J)
     W0 = init_globals(init_key(key), D, M).mw
     learn_tau = hyper.get("tau") is None
     proto = make_protocol(graph, W0=W0, tau0=1.0 if learn_tau else float(hyper["tau"]), learn_tau=learn_tau,
-                          eta=float(o["eta"]), tol=float(o["tol"]), tol_consensus=o["tol_consensus"])
-    res = run_distributed(proto, shards, jax.random.fold_in(key, 1), o, participation, callback)
+                          eta=float(o["eta"]))
+    res = nodes.run_distributed(proto, shards, jax.random.fold_in(key, 1), o, participation, callback)
     return res, shards, index
 
 
-def _check(o):
-    if o["runner"] not in RUNNERS:
-        raise ValueError(f"runner: expected one of {list(RUNNERS)}, got {o['runner']!r}")
-    if o["on_node_failure"] not in ("raise", "continue"):
-        raise ValueError(f"on_node_failure: expected 'raise' or 'continue', got {o['on_node_failure']!r}")
-    _check_common(o)
-
-
-@register_method("dppca", kind="point", models=("bpca",), check=_check, options={
-    "graph": "ring", "eta": 10.0, "max_iter": 2000, "tol": 1e-6, "tol_consensus": 1e-3, "runner": "inprocess",
-    "on_node_failure": "raise", "num_nodes": None, "chunk": 50})
+@register_method("dppca", kind="point", models=("bpca",), options=nodes.NETWORK_OPTIONS)
 def run_dppca(ctx: FitContext) -> Draws:
     """D-PPCA (Yoon & Pavlovic 2012): distributed ML-PPCA by consensus ADMM with missing-data EM; point estimate."""
     o = ctx.options
     Y = ctx.data["Y"]
     N = Y.shape[0]
-    node, J = node_assignment(ctx.data, o["num_nodes"], "dppca")
+    node, J = nodes.node_assignment(ctx.data, o["num_nodes"], "dppca")
     make_graph(o["graph"], J)
     res, _, index = fit_dppca(Y, node, J, ctx.hyper, ctx.key, o)
     alive = np.asarray(res.alive)
     W = np.asarray(res.messages["W"])[alive].mean(0)
     mu = np.asarray(res.messages["mu"])[alive].mean(0)
     tau = np.asarray(res.messages["tau"])[alive].mean(0)
-    Ez_nodes = np.asarray(res.states.Ez)
-    z = np.zeros((N, W.shape[1]))
-    valid = index >= 0
-    z[index[valid]] = Ez_nodes[valid]
+    z = nodes.to_rows(res.states.Ez, index, np.zeros((N, W.shape[1])))
     post = {"W": W[None, None], "mu": mu[None, None], "z": z[None, None]}
     if ctx.hyper.get("tau") is None:
         post["tau"] = np.asarray(tau)[None, None]
     h = res.history
     traces = {k: h[k] for k in ("loglik", "loglik_node", "residual", "max_angle") if k in h}
     traces["bytes_sent"] = h["bytes_sent"]
-    nodes = xr.Dataset({"W": (("node", "feature", "component"), np.asarray(res.messages["W"])),
+    per_node = xr.Dataset({"W": (("node", "feature", "component"), np.asarray(res.messages["W"])),
                         "mu": (("node", "feature"), np.asarray(res.messages["mu"])),
                         "tau": (("node",), np.asarray(res.messages["tau"])),
                         "alive": (("node",), alive.astype(np.int8))})
-    attrs = {"n_iter": res.rounds, "converged": int(res.converged), "num_nodes": J,
-             "message_bytes_per_node": res.message_nbytes, "failures": [list(f) for f in res.failures]}
+    attrs = nodes.run_attrs(res, J)
     if len(h.get("residual", [])):
-        attrs.update({"loglik_final": float(h["loglik"][-1]), "residual_final": float(h["residual"][-1])})
+        attrs["consensus_residual"] = float(h["residual"][-1])
     return Draws(posterior=post, traces=traces, dims={"loglik_node": ["iteration", "node"],
                                                       "bytes_sent": ["iteration", "node"]},
-                 groups={"nodes": nodes}, attrs=attrs)
+                 groups={"nodes": per_node}, attrs=attrs, objective=float(h["loglik"][-1]) if res.rounds else None,
+                 converged=res.converged, n_iter=res.rounds)

@@ -1,0 +1,277 @@
+"""Bayesian PCA, mean-field family: the pieces shared by ``vbem``, ``badmm`` and ``dppca`` (data shards, q and its
+moments, the sweep's closed-form pieces, the closed-form ELBO, draws from q); notes
+``shared/notes/004_dmfvi_badmm.md`` (N = notes section), paper arXiv 1507.00824.
+
+Variational family (N2.1, paper eq. 14): q(W) = prod_{d,m} N(m^w_dm, v^w_dm) (per entry), q(mu) = prod_d
+N(m^mu_d, v^mu_d), q(z_n) = N(m^z_n, Sigma^z_n) (full M x M), and, when learned, q(tau) = Gamma(shape, rate),
+q(alpha_m) = Gamma(shape_m, rate_m). O_n = observed entries of row n, O^d = rows observing column d.
+
+ELBO (N3.1 step 4) with every constant, the global part weighted by c (c = 1 centralised, 1/J per node of
+``badmm``, erratum E3):
+   E log p(x | .) + sum_n [M/2 - 1/2 (|m^z_n|^2 + tr Sigma^z_n) - 1/2 log|Lambda_n|]
+   + c [sum_{dm} (1/2 E log alpha_m - 1/2 E alpha_m E w_dm^2 + 1/2 log v^w_dm + 1/2)
+        + sum_d (1/2 log theta - 1/2 theta E mu_d^2 + 1/2 log v^mu_d + 1/2) - KL(q(alpha) || p(alpha))]
+   - c_tau KL(q(tau) || p(tau)).
+It equals NumPyro's ``TraceMeanField_ELBO`` of ``zoo.bpca.model`` with ``inference.bpca.guide.guide`` at the
+same parameters (test 2).
+
+Spaces: z_n is a site of the model, so ``log_q`` (``draw``) is the density of the whole q at draws of every
+model site (W, mu, z, tau, alpha) and the ELBO is on the model's space. Every parameter of q is stored in group
+``variational`` (``q_groups``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
+from jax.scipy.special import digamma, gammaln
+
+LOG_2PI = float(np.log(2 * np.pi))
+
+
+class Cfg(NamedTuple):
+    """Static configuration (model hyperparameters and variant); closed over, never traced."""
+
+    M: int
+    D: int
+    learn_tau: bool
+    learn_alpha: bool
+    tau: float               # fixed tau (unused if learned)
+    alpha: tuple             # fixed alpha per column (unused if learned)
+    theta: float
+    a_tau: float
+    b_tau: float
+    a_alpha: float
+    b_alpha: float
+    penalty: str = "quadratic"
+    tau_consensus: bool = True
+    kl_inner: int = 3
+
+
+class Shard(NamedTuple):
+    """One node's data: ``X`` (n, D) with missing entries 0, ``O`` (n, D) 1 = observed, ``row`` (n,) 1 = a real
+    row (0 = padding, so shards of different sizes stack)."""
+
+    X: jax.Array
+    O: jax.Array
+    row: jax.Array
+
+
+class Globals(NamedTuple):
+    """The global variational parameters (what consensus acts on)."""
+
+    mw: jax.Array     # (D, M) means of q(W)
+    vw: jax.Array     # (D, M) variances of q(W)
+    mmu: jax.Array    # (D,) means of q(mu)
+    vmu: jax.Array    # (D,) variances of q(mu)
+
+
+class VBState(NamedTuple):
+    """The state of a node's (or the centralised) coordinate ascent: q and the ELBO after the sweep."""
+
+    g: Globals
+    tau: jax.Array     # (2,) shape, rate of q(tau) (fixed tau: unused)
+    alpha: jax.Array   # (2, M) shape, rate of q(alpha) (fixed alpha: unused)
+    mz: jax.Array      # (n, M)
+    Sz: jax.Array      # (n, M, M)
+    logdet: jax.Array  # (n,) log |Lambda_n|
+    elbo: jax.Array    # local (c-weighted) ELBO after the sweep
+
+
+class Q(NamedTuple):
+    """A q of the family (module docstring): the global factors, q(tau) and q(alpha) (shape, rate; None when
+    the model fixes them) and every row's q(z_n)."""
+
+    g: Globals
+    tau: jax.Array | None     # (2,) shape, rate
+    alpha: jax.Array | None   # (2, M) shape, rate
+    mz: jax.Array             # (N, M)
+    Sz: jax.Array             # (N, M, M)
+
+
+def q_of(cfg: Cfg, g: Globals, tau, alpha, mz, Sz) -> Q:
+    """The q of a state (``tau`` / ``alpha`` dropped when fixed by the model)."""
+    return Q(g, tau if cfg.learn_tau else None, alpha if cfg.learn_alpha else None, mz, Sz)
+
+
+def cfg_from(hyper: dict, D: int, **variant) -> Cfg:
+    M = int(hyper["M"])
+    alpha = hyper.get("alpha")
+    tau = hyper.get("tau")
+    return Cfg(M=M, D=D, learn_tau=tau is None, learn_alpha=alpha is None,
+               tau=1.0 if tau is None else float(tau),
+               alpha=tuple(np.broadcast_to(np.asarray(1.0 if alpha is None else alpha, float), (M,)).tolist()),
+               theta=float(hyper["theta"]), a_tau=float(hyper["a_tau"]), b_tau=float(hyper["b_tau"]),
+               a_alpha=float(hyper["a_alpha"]), b_alpha=float(hyper["b_alpha"]), **variant)
+
+
+def shard_of(Y) -> Shard:
+    Y = np.asarray(Y, float)
+    O = ~np.isnan(Y)
+    return Shard(jnp.asarray(np.where(O, Y, 0.0)), jnp.asarray(O, dtype=float), jnp.ones(Y.shape[0]))
+
+
+def init_globals(key: jax.Array, D: int, M: int) -> Globals:
+    """m^w = orth(randn(D, M)), v^w = 1, m^mu = 0, v^mu = 1 (N6 defaults; the same on every node)."""
+    q, _ = jnp.linalg.qr(jax.random.normal(key, (D, M)))
+    return Globals(q, jnp.ones((D, M)), jnp.zeros(D), jnp.ones(D))
+
+
+def init_state(cfg: Cfg, g0: Globals, n: int) -> VBState:
+    """Initial state: q(tau) = q(alpha) = Gamma(1, 1) (mean 1), q(z) = N(0, I) (replaced by the first sweep)."""
+    M = cfg.M
+    return VBState(g0, jnp.array([1.0, 1.0]), jnp.ones((2, M)), jnp.zeros((n, M)), jnp.tile(jnp.eye(M), (n, 1, 1)),
+                   jnp.zeros(n), jnp.asarray(jnp.nan))
+
+
+def init_key(key: jax.Array) -> jax.Array:
+    """The key of the initial W (the same for ``vbem``, ``badmm`` and ``dppca`` with the same seed)."""
+    return jax.random.fold_in(key, 0)
+
+
+def expectations(cfg: Cfg, tau_q, alpha_q):
+    """E[tau], E[log tau], E[alpha] (M,), E[log alpha] (M,) (fixed values when not learned)."""
+    if cfg.learn_tau:
+        Etau, Elogtau = tau_q[0] / tau_q[1], digamma(tau_q[0]) - jnp.log(tau_q[1])
+    else:
+        Etau, Elogtau = jnp.asarray(cfg.tau), jnp.log(cfg.tau)
+    if cfg.learn_alpha:
+        Ealpha, Elogalpha = alpha_q[0] / alpha_q[1], digamma(alpha_q[0]) - jnp.log(alpha_q[1])
+    else:
+        a = jnp.asarray(cfg.alpha)
+        Ealpha, Elogalpha = a, jnp.log(a)
+    return Etau, Elogtau, Ealpha, Elogalpha
+
+
+def kl_gamma(s1, r1, s2, r2):
+    """KL(Gamma(s1, r1) || Gamma(s2, r2)), shape-rate."""
+    return ((s1 - s2) * digamma(s1) - gammaln(s1) + gammaln(s2) + s2 * (jnp.log(r1) - jnp.log(r2))
+            + s1 * (r2 - r1) / r1)
+
+
+def z_step(g: Globals, Etau, shard: Shard):
+    """q(z_n) for every row (step 1): (m^z (n, M), Sigma^z (n, M, M), log|Lambda_n| (n,))."""
+    M = g.mw.shape[1]
+    Q = g.mw[:, :, None] * g.mw[:, None, :] + jax.vmap(jnp.diag)(g.vw)             # (D, M, M) E[w_d w_d^T]
+    Lam = jnp.eye(M) + Etau * jnp.einsum("nd,dij->nij", shard.O, Q)
+    L = jnp.linalg.cholesky(Lam)
+    Sz = jax.vmap(lambda l: jax.scipy.linalg.cho_solve((l, True), jnp.eye(M)))(L)
+    h = Etau * (((shard.X - g.mmu) * shard.O) @ g.mw)                               # (n, M)
+    mz = jnp.einsum("nij,nj->ni", Sz, h)
+    logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(L, axis1=1, axis2=2)), axis=1)
+    return mz, Sz, logdet
+
+
+def second_moments(mz, Sz, shard: Shard):
+    """S_d = sum_{n in O^d} E[z_n z_n^T] (D, M, M)."""
+    Ezz = mz[:, :, None] * mz[:, None, :] + Sz
+    return jnp.einsum("nd,nij->dij", shard.O, Ezz)
+
+
+def expected_sq_residual(g: Globals, mz, S, shard: Shard):
+    """A = sum over observed (n, d) of E[(x_dn - w_d^T z_n - mu_d)^2] (bracket of N3.1 step 4)."""
+    R = (shard.X - g.mmu) * shard.O
+    Q = g.mw[:, :, None] * g.mw[:, None, :] + jax.vmap(jnp.diag)(g.vw)
+    n_d = shard.O.sum(0)
+    return (jnp.sum(R * R) + jnp.sum(n_d * g.vmu) - 2.0 * jnp.sum(R * (mz @ g.mw.T)) + jnp.sum(Q * S))
+
+
+def positive_root(a, b, c):
+    """Root of a x^2 + b x - c = 0 (c >= 0) by the notes' rule: the positive root when a >= 0, the smaller
+    positive root when a < 0 (erratum E23; a naive larger root picks a local maximum). Computed without
+    cancellation.
+
+    No real root (a < 0, b^2 + 4 a c < 0; only in the ``penalty="kl"`` variance steps, whose duals are linear in
+    the variance): the subproblem is unbounded below (its derivative (a x^2 + b x - c) / (2 x^2) < 0 for all
+    x > 0) and has no minimiser; we return the vertex -b / (2 a), the real part of the complex root pair, where
+    the derivative is closest to 0. (Clipping the discriminant to 0 instead returned 2 c / b, a large
+    variance: on LR20, ring J = 5, this fired at every node from round 2 and the KL variant diverged at
+    eta = 10, NaN from round 18; with the vertex it reaches residual 4.5e-4 in 800 rounds, the notes'
+    prototype's 5e-4.) The quadratic penalty (a = 2 eta k >= 0) never has a negative discriminant."""
+    disc = b * b + 4.0 * a * c
+    s = jnp.sqrt(jnp.maximum(disc, 0.0))
+    safe_a = jnp.where(a == 0, 1.0, a)
+    root = jnp.where(b > 0, 2.0 * c / jnp.where(b > 0, b + s, 1.0), (s - b) / (2.0 * safe_a))
+    return jnp.where(disc < 0, -b / (2.0 * safe_a), root)
+
+
+def elbo_from(cfg: Cfg, st: VBState, shard: Shard, A, c, c_tau):
+    """The closed-form ELBO (step 6) of the state, with the expected squared residual ``A`` given."""
+    g = st.g
+    Etau, Elogtau, Ealpha, Elogalpha = expectations(cfg, st.tau, st.alpha)
+    n_obs = jnp.sum(shard.O)
+    ell = 0.5 * n_obs * (Elogtau - LOG_2PI) - 0.5 * Etau * A
+    trS = jnp.trace(st.Sz, axis1=1, axis2=2)
+    zt = jnp.sum(shard.row * (0.5 * cfg.M - 0.5 * (jnp.sum(st.mz**2, 1) + trS) - 0.5 * st.logdet))
+    wt = jnp.sum(0.5 * Elogalpha - 0.5 * Ealpha * (g.mw**2 + g.vw) + 0.5 * jnp.log(g.vw) + 0.5)
+    mut = jnp.sum(0.5 * jnp.log(cfg.theta) - 0.5 * cfg.theta * (g.mmu**2 + g.vmu) + 0.5 * jnp.log(g.vmu) + 0.5)
+    glob = wt + mut
+    if cfg.learn_alpha:
+        glob = glob - jnp.sum(kl_gamma(st.alpha[0], st.alpha[1], cfg.a_alpha, cfg.b_alpha))
+    out = ell + zt + c * glob
+    if cfg.learn_tau:
+        out = out - c_tau * kl_gamma(st.tau[0], st.tau[1], cfg.a_tau, cfg.b_tau)
+    return out
+
+
+def elbo(cfg: Cfg, st: VBState, shard: Shard, c=1.0, c_tau=None):
+    """The closed-form ELBO at arbitrary variational parameters (``st``'s g, tau, alpha, mz, Sz; logdet is
+    recomputed from Sz)."""
+    st = st._replace(logdet=-jnp.linalg.slogdet(st.Sz)[1])
+    S = second_moments(st.mz, st.Sz, shard)
+    return elbo_from(cfg, st, shard, expected_sq_residual(st.g, st.mz, S, shard), c, c if c_tau is None else c_tau)
+
+def elbo_of(cfg: Cfg, q: Q, shard: Shard) -> float:
+    """The centralised (c = 1) closed-form ELBO of a q on the whole data."""
+    tau = q.tau if q.tau is not None else jnp.ones(2)
+    alpha = q.alpha if q.alpha is not None else jnp.ones((2, cfg.M))
+    st = VBState(q.g, tau, alpha, q.mz, q.Sz, jnp.zeros(q.mz.shape[0]), jnp.asarray(jnp.nan))
+    return float(elbo(cfg, st, shard))
+
+
+# --------------------------------------------------------------------------------------------------
+# Draws from q, and q as a group of the tree
+# --------------------------------------------------------------------------------------------------
+
+def draw(key: jax.Array, q: Q, n: int):
+    """``n`` joint draws from q (dict site -> (n, ...)) and log q at each draw (n,)."""
+    kw, km, kz, kt, ka = jax.random.split(key, 5)
+    g = q.g
+    W = g.mw + jnp.sqrt(g.vw) * jax.random.normal(kw, (n,) + g.mw.shape)
+    mu = g.mmu + jnp.sqrt(g.vmu) * jax.random.normal(km, (n,) + g.mmu.shape)
+    qz = dist.MultivariateNormal(q.mz, covariance_matrix=q.Sz)
+    z = qz.sample(kz, (n,))
+    log_q = (dist.Normal(g.mw, jnp.sqrt(g.vw)).log_prob(W).sum((1, 2)) + dist.Normal(g.mmu, jnp.sqrt(g.vmu))
+             .log_prob(mu).sum(1) + qz.log_prob(z).sum(1))
+    post = {"W": W, "mu": mu, "z": z}
+    if q.tau is not None:
+        qt = dist.Gamma(q.tau[0], q.tau[1])
+        post["tau"] = qt.sample(kt, (n,))
+        log_q = log_q + qt.log_prob(post["tau"])
+    if q.alpha is not None:
+        qa = dist.Gamma(q.alpha[0], q.alpha[1])
+        post["alpha"] = qa.sample(ka, (n,))
+        log_q = log_q + qa.log_prob(post["alpha"]).sum(1)
+    return post, log_q
+
+
+def q_groups(q: Q) -> dict:
+    """Variables of group ``variational``: every parameter of q, so that ``log_q`` and the ELBO can be recomputed
+    from the tree: m_W, v_W (feature, component) of q(W_dm) = N(m, v); m_mu, v_mu (feature) of q(mu_d);
+    m_z (row, component), S_z (row, component, component_bis) of q(z_n) = N(m_z, S_z); tau_shape, tau_rate and
+    alpha_shape, alpha_rate of the Gamma q(tau), q(alpha_m) when learned."""
+    g = q.g
+    ds = {"m_z": (("row", "component"), np.asarray(q.mz)),
+          "S_z": (("row", "component", "component_bis"), np.asarray(q.Sz)),
+          "m_W": (("feature", "component"), np.asarray(g.mw)), "v_W": (("feature", "component"), np.asarray(g.vw)),
+          "m_mu": (("feature",), np.asarray(g.mmu)), "v_mu": (("feature",), np.asarray(g.vmu))}
+    if q.tau is not None:
+        ds["tau_shape"], ds["tau_rate"] = ((), np.asarray(q.tau[0])), ((), np.asarray(q.tau[1]))
+    if q.alpha is not None:
+        ds["alpha_shape"] = (("component",), np.asarray(q.alpha[0]))
+        ds["alpha_rate"] = (("component",), np.asarray(q.alpha[1]))
+    return ds

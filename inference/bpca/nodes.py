@@ -1,0 +1,134 @@
+"""The network side shared by ``badmm`` and ``dppca`` (consensus ADMM on a graph of nodes): the node of every row,
+padded per-node shards, slot helpers for the per-neighbour duals, the consensus diagnostics (residual, max
+principal angle between the nodes' W), the runner call with the joint stopping rule (relative change of the
+summed objective <= ``tol`` AND max consensus residual < ``tol_consensus``, erratum E27), and the options both
+methods declare.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from inference._methods import Option
+from inference.bpca.common import Shard
+from inference.distributed import Protocol, run_inprocess, run_ray
+from zoo._validation import factorize
+
+RUNNERS = ("inprocess", "ray")
+
+NETWORK_OPTIONS = {
+    "graph": Option("ring", "any", "topology: 'ring', 'complete', 'star', 'chain', or a J x J 0/1 adjacency matrix"),
+    "eta": Option(10.0, "positive", "ADMM penalty"),
+    "max_iter": Option(2000, "positive_int", "maximum number of ADMM rounds", tiny=30),
+    "tol": Option(1e-6, "positive", "stop when the relative change of the summed objective is at most tol "
+                                    "(and the consensus residual is below tol_consensus)"),
+    "tol_consensus": Option(1e-3, "positive|None", "max consensus residual to stop (None: objective only)"),
+    "runner": Option("inprocess", "string", "in-process vmap + jit, or one Ray actor per node", choices=RUNNERS),
+    "on_node_failure": Option("raise", "string", "Ray runner: fail, or drop a lost node and go on",
+                              choices=("raise", "continue")),
+    "num_nodes": Option(None, "positive_int|None", "split the rows into J contiguous shards (None: data['node'])"),
+    "chunk": Option(50, "positive_int", "rounds per compiled chunk (progress bar granularity)"),
+}
+
+
+def make_shards(Y, node, J: int) -> tuple[Shard, np.ndarray]:
+    """Stacked, padded shards (J, n_max, D) and the row index of every slot (J, n_max; -1 = padding)."""
+    Y = np.asarray(Y, float)
+    node = np.asarray(node, np.int64)
+    idx = [np.nonzero(node == j)[0] for j in range(J)]
+    n_max = max(len(i) for i in idx)
+    D = Y.shape[1]
+    X, O, row = np.zeros((J, n_max, D)), np.zeros((J, n_max, D)), np.zeros((J, n_max))
+    index = np.full((J, n_max), -1, np.int64)
+    for j, rows in enumerate(idx):
+        obs = ~np.isnan(Y[rows])
+        X[j, :len(rows)] = np.where(obs, Y[rows], 0.0)
+        O[j, :len(rows)] = obs
+        row[j, :len(rows)] = 1.0
+        index[j, :len(rows)] = rows
+    return Shard(jnp.asarray(X), jnp.asarray(O), jnp.asarray(row)), index
+
+
+def slot_where(mask, new, old):
+    """Per-slot select: slot k of ``new`` where ``mask[k]`` (an active neighbour), else of ``old``."""
+    return jax.tree.map(lambda n, o: jnp.where(mask.reshape(mask.shape + (1,) * (n.ndim - 1)), n, o), new, old)
+
+
+def slot_sum(mask, x):
+    """Sum over the active slots (leading axis) of ``x``."""
+    return jnp.sum(jnp.where(mask.reshape(mask.shape + (1,) * (x.ndim - 1)), x, 0.0), axis=0)
+
+
+def agreement(graph):
+    """``stats(P, W, active) -> (residual, max_angle)``: the consensus residual max over active edges of
+    max |p_i - p_j| (P: (J, p) the flattened messages) and the max principal angle (degrees) between the nodes'
+    W (J, D, M) over active pairs; both 0 without edges."""
+    J = graph.J
+    edges = jnp.asarray(graph.edges) if len(graph.edges) else jnp.zeros((0, 2), jnp.int64)
+    pairs = jnp.asarray(np.stack(np.triu_indices(J, 1), 1)) if J > 1 else jnp.zeros((0, 2), jnp.int64)
+
+    def stats(P, W, active):
+        if not len(graph.edges):
+            return jnp.asarray(0.0), jnp.asarray(0.0)
+        both = active[edges[:, 0]] & active[edges[:, 1]]
+        res = jnp.max(jnp.where(both, jnp.max(jnp.abs(P[edges[:, 0]] - P[edges[:, 1]]), axis=1), 0.0))
+        Q = jax.vmap(_orth)(W)
+        ang = jax.vmap(lambda a, b: _angle(Q[a], Q[b]))(pairs[:, 0], pairs[:, 1])
+        both_p = active[pairs[:, 0]] & active[pairs[:, 1]]
+        return res, jnp.max(jnp.where(both_p, ang, 0.0))
+
+    return stats
+
+
+def _orth(A):
+    return jnp.linalg.qr(A)[0]
+
+
+def _angle(Qa, Qb):
+    """Largest principal angle (degrees) between orthonormal bases of equal rank (arcsin form)."""
+    resid = Qb - Qa @ (Qa.T @ Qb)
+    s = jnp.linalg.norm(resid, 2)
+    return jnp.rad2deg(jnp.arcsin(jnp.minimum(1.0, s)))
+
+
+def node_assignment(data: dict, num_nodes: int | None, method: str) -> tuple[np.ndarray, int]:
+    """(node of every row, J) from ``data['node']`` (labels numbered 0..J-1 in sorted order, ``factorize``) or,
+    without it, ``num_nodes`` contiguous shards."""
+    N = data["Y"].shape[0]
+    if data.get("node") is None:
+        if num_nodes is None:
+            raise ValueError(f"data['node']: method {method!r} needs the node of every row (integers 0..J-1), "
+                             f"or the option num_nodes=J to split the rows into J contiguous shards")
+        from zoo.bpca import node_split
+        return node_split(N, num_nodes), num_nodes
+    node, labels = factorize(data["node"])  # node labels (any integers or strings) -> nodes 0..J-1
+    J = len(labels)
+    if num_nodes is not None and num_nodes != J:
+        raise ValueError(f"num_nodes: {num_nodes} disagrees with data['node'], which has J = {J} nodes")
+    return node, J
+
+
+def run_distributed(protocol: Protocol, shards, key, o, participation=None, callback=None):
+    """Run on the chosen runner (``o['runner']``) with the joint stopping rule (module docstring)."""
+    rule = {"max_rounds": o["max_iter"], "tol": float(o["tol"]), "tol_residual": o["tol_consensus"],
+            "participation": participation, "progress": o["progress"]}
+    if o["runner"] == "ray":
+        return run_ray(protocol, shards, key, on_node_failure=o["on_node_failure"], callback=callback, **rule)
+    return run_inprocess(protocol, shards, key, chunk=o["chunk"], **rule)
+
+
+def to_rows(per_node, index: np.ndarray, fill: np.ndarray) -> np.ndarray:
+    """Per-node row values (J, n_max, ...) back in data order: row ``index[j, s]`` gets slot s of node j; rows
+    that no node holds keep ``fill`` (N, ...)."""
+    out = np.array(fill, dtype=float)
+    valid = index >= 0
+    out[index[valid]] = np.asarray(per_node)[valid]
+    return out
+
+
+def run_attrs(res, J: int) -> dict:
+    """Attributes of a distributed run: nodes, message size, lost nodes (``n_iter``/``converged`` are Draws fields)."""
+    return {"num_nodes": J, "message_bytes_per_node": res.message_nbytes,
+            "failures": [list(f) for f in res.failures]}
