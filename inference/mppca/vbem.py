@@ -230,6 +230,7 @@ def fit_vbem(Y, hyper, key, *, mixture=True, num_restarts=1, max_iter=1000, tol=
 
 @functools.partial(jax.jit, static_argnums=(0, 3))
 def _draw_q(cfg: Cfg, st: VBState, key, S: int):
+    """S draws of (omega, nu, Wt, mu, tau) from the q factors and log q at each (constrained space)."""
     k1, k3, k4 = jax.random.split(key, 3)
     K, q, d = cfg.K, cfg.q, cfg.d
     post, lq = {}, jnp.zeros(S)
