@@ -110,9 +110,15 @@ def fit_em(Y, hyper, key, *, mixture=True, max_iter=1000, tol=1e-8, chunk=25, pr
     log-likelihood trace)."""
     Y = np.asarray(Y, float)
     cfg = cfg_from(hyper, Y.shape[1], mixture)
-    kern = kernel(cfg)
-    return cfg, run_until_converged(kern.init, kern.step, Problem(jnp.asarray(Y)), key,
-                                    StopRule(int(max_iter), float(tol)), chunk=chunk, progress=progress, desc="em")
+    kern, problem = kernel(cfg), Problem(jnp.asarray(Y))
+    start = jax.tree.map(lambda a: a[None], _jitted(kern.init)(key, problem))   # one run, from init(key) itself
+    return cfg, run_until_converged(kern.init, kern.step, problem, key, StopRule(int(max_iter), float(tol)),
+                                    chunk=chunk, progress=progress, desc="em", init_state=start)
+
+
+@functools.lru_cache(maxsize=32)
+def _jitted(fn):
+    return jax.jit(fn)
 
 
 EM_OPTIONS = {
