@@ -20,7 +20,8 @@ import jax
 import numpy as np
 
 import zoo
-from inference import mppca_vb as V
+from inference.mppca import baselines, vbem
+from inference.mppca import common as V
 from zoo import mppca
 
 
@@ -49,12 +50,12 @@ def main(h) -> None:
         out = {}
 
         def vb(Y=Y, hyper=hyper, out=out):
-            cfg, res = V.fit_vbem(Y, hyper, jax.random.key(0), max_iter=2000, tol=1e-6)
+            cfg, res = vbem.fit_vbem(Y, hyper, jax.random.key(0), max_iter=2000, tol=1e-6)
             out["vb"] = (cfg, res)
-            return res.trace
+            return res.info.objective
 
         def sk(Y=Y, K=K, out=out):
-            out["sk"] = V.fit_vbgmm(Y, K, seed=0, tol=1e-3, max_iter=2000)
+            out["sk"] = baselines.fit_vbgmm(Y, K, seed=0, tol=1e-3, max_iter=2000)
             return out["sk"].weights_
 
         h.compare(f"time to convergence, {title}: vbem vs sklearn BayesianGaussianMixture",
@@ -63,7 +64,7 @@ def main(h) -> None:
         s = V.summary_of(cfg, res.state)
         ll_vb = V.gmm_logpdf(Yt, s["weights"], s["means"], s["covariances"]).mean()
         g = out["sk"]
-        gp = V.fit_vbgmm(Y, K, seed=0, tol=1e-3, max_iter=2000, covariance_prior="vbmix")
+        gp = baselines.fit_vbgmm(Y, K, seed=0, tol=1e-3, max_iter=2000, covariance_prior="vbmix")
         plug = lambda g, Yt=Yt: V.gmm_logpdf(Yt, g.weights_, g.means_, g.covariances_).mean()  # noqa: E731
         rows.append({"case": title, "vbem held-out ll/pt": f"{ll_vb:.3f}",
                      "sklearn held-out ll/pt": f"{plug(g):.3f}", "sklearn (paper prior) ll/pt": f"{plug(gp):.3f}",
@@ -87,7 +88,7 @@ def _oracle(Y, z, q=2):
 
 
 def merge_bench(h) -> None:
-    from inference.mppca_merge import merge_mppca
+    from inference.mppca.merge import merge_mppca
 
     M = int(os.environ.get("MPPCA_BENCH_MODELS", "50"))
     data, truth = mppca.simulate(0, N=200 * M)
@@ -97,12 +98,12 @@ def merge_bench(h) -> None:
     out = {}
 
     def merge():
-        out["merge"] = merge_mppca(models, K=20, n_init=1)
+        out["merge"] = merge_mppca(models, K=20, num_restarts=1)
         return out["merge"]["weights"]
 
     def refit():
-        out["refit"] = V.fit_vbem(Y, hyper, jax.random.key(0), max_iter=1000, tol=1e-7)
-        return out["refit"][1].trace
+        out["refit"] = vbem.fit_vbem(Y, hyper, jax.random.key(0), max_iter=1000, tol=1e-7)
+        return out["refit"][1].info.objective
 
     r = h.compare(f"merging {M} MPPCA models (ESS) vs VB-EM refit on the pooled {200 * M} points",
                   {"merge": merge, "pooled_refit": refit}, baseline="pooled_refit")

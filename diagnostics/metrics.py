@@ -197,3 +197,15 @@ def trace_of(tree: xr.DataTree) -> tuple[str | None, np.ndarray]:
                 values = da.mean(extra).values if extra else da.values  # per-chain traces: averaged
                 return k, np.asarray(values, dtype=float)
     return None, np.array([])
+
+
+def clustering_error(labels_a, labels_b) -> float:
+    """The clustering error of Bruneau et al. 2013 (VBmix ``getCouple``, notes erratum E21): the fraction of point
+    pairs on which two partitions disagree (same cluster in one, different in the other), i.e. 1 - the
+    (unadjusted) Rand index, computed by scikit-learn's ``rand_score``."""
+    from sklearn.metrics import rand_score
+
+    a, b = np.asarray(labels_a), np.asarray(labels_b)
+    if a.shape != b.shape or a.ndim != 1 or a.size < 2:
+        raise ValueError("labels: expected two 1-D label arrays of the same length >= 2")
+    return float(1.0 - rand_score(a, b))

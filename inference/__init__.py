@@ -13,7 +13,7 @@ from zoo import _runtime  # noqa: F401  (JAX set-up and `import numpyro` before 
 from inference._methods import Draws, FitContext, available_methods, register_method
 from inference.api import fit
 from inference.io import load, save
-from inference.mppca_merge import merge_mppca
+from inference.mppca.merge import merge_mppca
 from inference.predict import predict, register_predictor
 from inference.trees import NonFiniteError, build_tree, log_densities
 

@@ -43,7 +43,8 @@ from sklearn.mixture import BayesianGaussianMixture
 import inference
 from diagnostics import references
 from diagnostics.scorecard import compared_posterior, scorecard
-from inference import mppca_vb as V
+from inference.mppca import common as V
+from inference.mppca import vbem
 from zoo import mppca
 
 # %% [markdown]
@@ -55,7 +56,7 @@ from zoo import mppca
 
 # %%
 data, truth = mppca.simulate(0, N=N_SYN)
-tree = inference.fit("mppca", data, "vbem", seed=0, K=10, q=8, tau_fixed=1.0, n_init=N_INIT, num_samples=200,
+tree = inference.fit("mppca", data, "vbem", seed=0, K=10, q=8, tau_fixed=1.0, num_restarts=N_INIT, num_samples=200,
                      prior="paper",
                      max_iter=MAX_ITER, tol=1e-8)
 var = tree["variational"].to_dataset()
@@ -140,8 +141,8 @@ rows = []
 for s in range(N_SETS):
     d3, t3 = mppca.simulate_syn3(100 + s, N=N_SYN)
     hyper3 = {**mppca.SPEC.default_hyper, **mppca.PAPER_PRIORS, "K": K_SYN3, "q": 8, "tau_fixed": 1.0}
-    cfg, res = V.fit_vbem(d3["Y"], hyper3,
-                          jax.random.key(s), n_init=N_INIT, max_iter=MAX_ITER_SYN3, tol=1e-8)
+    cfg, res = vbem.fit_vbem(d3["Y"], hyper3,
+                             jax.random.key(s), num_restarts=N_INIT, max_iter=MAX_ITER_SYN3, tol=1e-8)
     sm = V.summary_of(cfg, res.state)
     g = BayesianGaussianMixture(n_components=K_SYN3, covariance_type="full", weight_concentration_prior=1e-3,
                                 weight_concentration_prior_type="dirichlet_distribution", max_iter=1000,

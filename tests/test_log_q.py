@@ -257,7 +257,7 @@ def test_mppca_log_q_is_the_scipy_density_of_the_stored_q(mppca_case):
 
 def test_mppca_bound_is_the_elbo_on_the_latent_augmented_space(mppca_case):
     name, data, tree = mppca_case
-    bound = tree.attrs["bound_final"]
+    bound = tree.attrs["objective"]
     assert_bound_equals_mc(mppca_augmented_ratio(tree, data["Y"], name == "mppca"), bound, name)
     assert_at_least_bound(model_log_joint(tree) - tree_log_q(tree), bound, name)
 

@@ -5,7 +5,7 @@ The L input components (pooled from several models) are a "virtual sample": inpu
 (w_l = N_virtual alpha_l / sum alpha, N_virtual = 200000 as in VBmix) that share one assignment z_l. The output
 is a Bayesian MPPCA with the priors of ``zoo.mppca``, fitted by VB-EM with data statistics replaced by
 weighted parameter statistics; the M step, the parameter part of the bound and the post-processing are those of
-``inference.mppca_vb``. Two variants:
+``inference.mppca.common``; the sweep is a kernel run by ``inference.loop``. Two variants:
 
 * ``variant="ess"`` (default; notes N3.5, "expected sufficient statistics"): input l is w_l virtual points
   y ~ N(mu_l, C_l), C_l = Lambda_l Lambda_l^T + tau_l^-1 I. With B_k = E tau Sx_k M_k^T, c_k the output mean at
@@ -29,7 +29,7 @@ models it already summarises (the count-weighted variant of E16; ``equal_mass=Tr
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -37,7 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from inference import mppca_vb as V
+from inference.loop import StopRule, run_until_converged
+from inference.mppca import common as V
 
 
 class Inputs(NamedTuple):
@@ -99,16 +100,25 @@ def prepare(models: Sequence[Any], n_virtual: float, weights: Sequence[float] | 
                   jnp.asarray(C)), tau
 
 
-class MState(NamedTuple):
+class State(NamedTuple):
     vb: V.VBState     # r (L, K), m unused, Sx and the parameter factors
     B: jax.Array      # (K, q, d) E-step map (ESS) / m1 (L, K, q) (paper)
     c: jax.Array      # (K, d) output means at the E step
 
 
+class Info(NamedTuple):
+    objective: jax.Array    # the merging bound F_A after the sweep
+
+
+class Problem(NamedTuple):
+    inp: Inputs
+    mu0: jax.Array    # (K, d) prior means of the output components
+
+
 def _xz_ess(cfg: V.Cfg, st: V.VBState, inp: Inputs):
     Et, _ = V.tau_moments(cfg, st)
     EL = V.e_lambda(cfg, st)
-    Sx, ldP = V._chol_inv_logdet(jnp.eye(cfg.q) + Et * EL)
+    Sx, ldP = V.chol_inv_logdet(jnp.eye(cfg.q) + Et * EL)
     B = Et * jnp.einsum("kab,kdb->kad", Sx, st.M)                                  # (K, q, d)
     delta = inp.mu[:, None] - st.m_mu[None]                                         # (L, K, d)
     G = inp.C[:, None] + jnp.einsum("lki,lkj->lkij", delta, delta)                  # (L, K, d, d)
@@ -124,10 +134,10 @@ def _xz_ess(cfg: V.Cfg, st: V.VBState, inp: Inputs):
            - 0.5 * (jnp.trace(Sx, axis1=-2, axis2=-1)[None] + jnp.einsum("kij,lkji->lk", BtB, G)) - 0.5 * ldP[None])
     logrho = inp.w[:, None] * per
     r = jax.nn.softmax(logrho, axis=-1)
-    return MState(st._replace(r=r, Sx=Sx), B, st.m_mu)
+    return State(st._replace(r=r, Sx=Sx), B, st.m_mu)
 
 
-def _stats_ess(ms: MState, inp: Inputs) -> V.Stats:
+def _stats_ess(ms: State, inp: Inputs) -> V.Stats:
     wr = inp.w[:, None] * ms.vb.r                                                    # (L, K)
     N = wr.sum(0)
     delta = inp.mu[:, None] - ms.c[None]
@@ -143,7 +153,7 @@ def _stats_ess(ms: MState, inp: Inputs) -> V.Stats:
 def _xz_paper(cfg: V.Cfg, st: V.VBState, inp: Inputs):
     Et, _ = V.tau_moments(cfg, st)
     EL = V.e_lambda(cfg, st)
-    Sx, ldP = V._chol_inv_logdet(jnp.eye(cfg.q) + Et * EL)
+    Sx, ldP = V.chol_inv_logdet(jnp.eye(cfg.q) + Et * EL)
     D = inp.mu[:, None] - st.m_mu[None]                                             # (L, K, d)
     m1 = Et * jnp.einsum("kab,kdb,lkd->lka", Sx, st.M, D)                           # (L, K, q)
     Emu2 = jnp.sum(st.m_mu**2, -1) + cfg.d * st.s2_mu
@@ -155,10 +165,10 @@ def _xz_paper(cfg: V.Cfg, st: V.VBState, inp: Inputs):
               - 0.5 * jnp.trace(Sx, axis1=-2, axis2=-1)[None] - Et / 2 * jnp.einsum("kij,kji->k", EL, Sx)[None]
               - 0.5 * ldP[None])
     r = jax.nn.softmax(logrho, axis=-1)
-    return MState(st._replace(r=r, Sx=Sx, m=m1), jnp.zeros((cfg.K, cfg.q, cfg.d)), st.m_mu)
+    return State(st._replace(r=r, Sx=Sx, m=m1), jnp.zeros((cfg.K, cfg.q, cfg.d)), st.m_mu)
 
 
-def _stats_paper(ms: MState, inp: Inputs, q: int) -> V.Stats:
+def _stats_paper(ms: State, inp: Inputs, q: int) -> V.Stats:
     r, m1 = ms.vb.r, ms.vb.m
     wr = inp.w[:, None] * r
     N = wr.sum(0)
@@ -170,7 +180,7 @@ def _stats_paper(ms: MState, inp: Inputs, q: int) -> V.Stats:
     return V.Stats(N=N, y=wr.T @ inp.mu, s=wm.sum(0), SY=SY, S=S, y2=y2)
 
 
-def merge_bound(cfg: V.Cfg, ms: MState, inp: Inputs, mu0, variant: str):
+def merge_bound(cfg: V.Cfg, ms: State, inp: Inputs, mu0, variant: str):
     st = ms.vb
     Elo = V.e_log_omega(cfg, st)
     zpart = jnp.sum(st.r * (inp.w[:, None] * Elo[None] - jnp.log(jnp.clip(st.r, 1e-300))))
@@ -181,7 +191,7 @@ def merge_bound(cfg: V.Cfg, ms: MState, inp: Inputs, mu0, variant: str):
     #   + sum_lk r_lk 1/2 [ln|Sx_k| - q ln w_l + q (1 + ln 2 pi)] + parameter terms
     s = _stats_paper(ms, inp, cfg.q)
     q, d = cfg.q, cfg.d
-    _, ldSx = V._chol_inv_logdet(st.Sx)
+    _, ldSx = V.chol_inv_logdet(st.Sx)
     F = V.bound_from(cfg, st, s, 0.0, zpart, mu0)
     F += 0.5 * jnp.sum(jnp.trace(s.S, axis1=-2, axis2=-1)) - jnp.sum(s.N * 0.5 * (ldSx + q * (1 + V.LOG_2PI)))
     wm2 = jnp.sum(inp.w[:, None] * st.r * jnp.sum(st.m**2, -1))
@@ -193,7 +203,7 @@ def merge_bound(cfg: V.Cfg, ms: MState, inp: Inputs, mu0, variant: str):
     return F
 
 
-def merge_sweep(cfg: V.Cfg, ms: MState, inp: Inputs, mu0, variant: str, record: bool = False):
+def merge_sweep(cfg: V.Cfg, ms: State, inp: Inputs, mu0, variant: str, record: bool = False):
     """alpha; X/Z; statistics; mu; Lambda; nu (tau fixed). Returns (state, bound) or all per-factor bounds."""
     stats = (lambda m: _stats_ess(m, inp)) if variant == "ess" else (lambda m: _stats_paper(m, inp, cfg.q))
     rec = []
@@ -223,16 +233,12 @@ def initial_partition(init: str, inp: Inputs, K: int, rng: np.random.Generator):
       leader mean is a typical point of the input's own distribution (squared Mahalanobis distance under C_l
       below d, its expectation), else it founds a new group (while fewer than K). Inputs describing the same
       cluster (from different models) start together, distinct clusters apart; the order varies over restarts.
-    * ``"box"`` (VBmix, N3.4): centres uniform in the box of the input means enlarged by half its span; inputs
-      to the nearest centre (in high d and with small K distinct clusters often share a centre).
+    * ``"box"`` is drawn in JAX by the kernel's ``init`` (``box_partition``; in high d and with small K distinct
+      clusters often share a centre).
     * ``"inputs"``: K input means drawn with probability w as centres (with K >= L every input starts as its own
       component, a local optimum VB-EM rarely leaves when w_l is large)."""
     mu, C, w = np.asarray(inp.mu), np.asarray(inp.C), np.asarray(inp.w)
     L, d = mu.shape
-    if init == "box":
-        lo, hi = mu.min(0), mu.max(0)
-        cen = rng.uniform(lo - (hi - lo) / 2, hi + (hi - lo) / 2, size=(K, d))
-        return np.argmin(((mu[:, None] - cen[None]) ** 2).sum(-1), 1), cen
     cen = mu[rng.choice(L, K, replace=K > L, p=w / w.sum())] + 1e-3 * rng.normal(size=(K, d))
     if init == "inputs":
         return np.argmin(((mu[:, None] - cen[None]) ** 2).sum(-1), 1), cen
@@ -252,7 +258,7 @@ def initial_partition(init: str, inp: Inputs, K: int, rng: np.random.Generator):
     return lab, cen
 
 
-def merge_init(cfg: V.Cfg, inp: Inputs, lab, cen) -> MState:
+def merge_init(cfg: V.Cfg, inp: Inputs, lab, cen) -> State:
     """State from a hard assignment ``lab`` (L,) of inputs to components (empty ones sit at ``cen``), loadings from
     the assigned inputs' covariance (a non-zero M, E17)."""
     L, d = inp.mu.shape
@@ -279,32 +285,50 @@ def merge_init(cfg: V.Cfg, inp: Inputs, lab, cen) -> MState:
     st = V.VBState(r=r, m=jnp.zeros((L, cfg.K, cfg.q)), Sx=jnp.broadcast_to(jnp.eye(cfg.q), (cfg.K, cfg.q, cfg.q)),
                    alpha=cfg.alpha0 + n, m_mu=mean, s2_mu=1.0 / (cfg.nu0 + n * cfg.tau), M=M, SL=SL, a_nu=a_nu,
                    b_nu=b_nu, c_tau=jnp.asarray(1.0), e_tau=jnp.asarray(1.0))
-    return MState(st, jnp.zeros((cfg.K, cfg.q, d)), mean)
+    return State(st, jnp.zeros((cfg.K, cfg.q, d)), mean)
+
+
+class Kernel(NamedTuple):
+    """``init(key, problem) -> State`` (VBmix's "box" start), ``step(key, state, problem) -> (State, Info)`` (one
+    merging sweep; the key is unused)."""
+
+    init: Callable
+    step: Callable
+
+
+def box_partition(key, mu, K: int):
+    """VBmix's start (N3.4): K centres uniform in the box of the input means enlarged by half its span; each input
+    to the nearest centre. Returns (labels (L,), centres (K, d))."""
+    lo, hi = mu.min(0), mu.max(0)
+    cen = jax.random.uniform(key, (K, mu.shape[1]), minval=lo - (hi - lo) / 2, maxval=hi + (hi - lo) / 2)
+    return jnp.argmin(((mu[:, None] - cen[None]) ** 2).sum(-1), 1), cen
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(cfg: V.Cfg, variant: str, chunk: int, tol: float):
-    def one(carry, _, inp, mu0):
-        ms, F_old, done, it = carry
-        new, F = merge_sweep(cfg, ms, inp, mu0, variant)
-        conv = (it > 0) & (jnp.abs(F - F_old) <= tol * jnp.abs(F))
-        ms = jax.tree.map(lambda a, b: jnp.where(done, a, b), ms, new)
-        F = jnp.where(done, F_old, F)
-        return (ms, F, done | conv, it + jnp.where(done, 0, 1)), F
+def kernel(cfg: V.Cfg, variant: str) -> Kernel:
+    """The merging kernel for one static configuration and variant (cached: ``inference.loop`` compiles once)."""
 
-    def single(ms, f, dn, i, inp, mu0):
-        (ms, f, dn, i), tr = jax.lax.scan(lambda c, x: one(c, x, inp, mu0), (ms, f, dn, i), None, length=chunk)
-        return ms, f, dn, i, tr
+    def init(key, problem: Problem) -> State:
+        return merge_init(cfg, problem.inp, *box_partition(key, problem.inp.mu, cfg.K))
 
-    init_fn = jax.jit(jax.vmap(lambda lab, cen, inp: merge_init(cfg, inp, lab, cen), in_axes=(0, 0, None)))
-    chunk_fn = jax.jit(jax.vmap(single, in_axes=(0, 0, 0, 0, None, None)))
-    return init_fn, chunk_fn
+    def step(key, state: State, problem: Problem):
+        state, F = merge_sweep(cfg, state, problem.inp, problem.mu0, variant)
+        return state, Info(F)
+
+    return Kernel(init, step)
+
+
+@functools.lru_cache(maxsize=32)
+def _starts(cfg: V.Cfg):
+    """States from host-drawn partitions (labels (R, L), centres (R, K, d)), one per restart."""
+    return jax.jit(jax.vmap(lambda lab, cen, inp: merge_init(cfg, inp, lab, cen), in_axes=(0, 0, None)))
 
 
 def merge_mppca(models: Sequence[Any], *, K: int = 20, variant: str = "ess", n_virtual: float | None = None,
-                n_init: int = 4, max_iter: int = 1000, tol: float = 1e-9, seed: int = 0, tau: float | None = None,
-                weights: Sequence[float] | None = None, hyper: Mapping[str, float] | None = None,
-                prune_below: float = 2.0, chunk: int = 25, init: str = "leader") -> dict:
+                num_restarts: int = 4, max_iter: int = 1000, tol: float = 1e-9, seed: int = 0,
+                tau: float | None = None, weights: Sequence[float] | None = None,
+                hyper: Mapping[str, float] | None = None, prune_below: float = 2.0, chunk: int = 25,
+                init: str = "leader", progress: bool | None = None) -> dict:
     """Merge fitted MPPCA models into one parsimonious MPPCA using only their parameters (VBMPPCA-A).
 
     ``models``: ``vbem`` DataTrees, results of this function, or parameter dicts (``counts``, ``means``,
@@ -313,9 +337,10 @@ def merge_mppca(models: Sequence[Any], *, K: int = 20, variant: str = "ess", n_v
     for ``"ess"`` (it treats the inputs as that many data points; N = 200000 makes the pseudo-posterior a point
     mass, closer to a pooled ML fit when clusters have few points: 0.013 % vs 0.23 % held-out loss at 2 x 100
     points, T8; the over-splitting once seen with 200000 came from the old input-means initialisation). Best
-    bound of ``n_init`` restarts wins.
-    ``init``: starting partition of the inputs, ``"leader"`` (default), ``"box"`` (VBmix) or ``"inputs"`` (see
-    ``initial_partition``); restarts draw different partitions.
+    bound of ``num_restarts`` restarts (vectorised, ``inference.loop``) wins.
+    ``init``: starting partition of the inputs, ``"leader"`` (default), ``"inputs"`` (see ``initial_partition``;
+    drawn on the host from ``seed``) or ``"box"`` (VBmix, ``box_partition``: the kernel's own ``init``, drawn
+    from ``jax.random.key(seed)``); restarts draw different partitions.
 
     Returns a dict: ``counts`` (kept N_k, so the result can be merged again), ``weights``, ``means``,
     ``loadings`` (rotated), ``ranks`` (Algorithm 1), ``covariances``, ``tau``, ``K_eff``, ``bound`` (trace
@@ -339,30 +364,22 @@ def merge_mppca(models: Sequence[Any], *, K: int = 20, variant: str = "ess", n_v
     cfg = V.cfg_from(h, d, True)
     lo, hi = inp.mu.min(0), inp.mu.max(0)
     mu0 = jnp.broadcast_to((lo + hi) / 2, (K, d))
-    init_fn, chunk_fn = _compiled(cfg, variant, int(chunk), float(tol))
-    rng = np.random.default_rng(seed)
-    labs, cens = zip(*[initial_partition(init, inp, K, rng) for _ in range(n_init)], strict=True)
-    ms = init_fn(jnp.asarray(np.stack(labs)), jnp.asarray(np.stack(cens)), inp)
-    F = jnp.full(n_init, -jnp.inf)
-    done = jnp.zeros(n_init, bool)
-    it = jnp.zeros(n_init, jnp.int32)
-    traces = []
-    for _ in range(int(np.ceil(max_iter / chunk))):
-        ms, F, done, it, tr = chunk_fn(ms, F, done, it, inp, mu0)
-        traces.append(np.asarray(tr))
-        if bool(jnp.all(done)):
-            break
-    finals = np.asarray(F)
-    if not np.all(np.isfinite(finals)):
-        raise FloatingPointError("merge_mppca: the bound became non-finite")
-    b = int(np.argmax(finals))
-    best = jax.tree.map(lambda a: a[b], ms)
+    kern = kernel(cfg, variant)
+    starts = None
+    if init != "box":
+        rng = np.random.default_rng(seed)
+        labs, cens = zip(*[initial_partition(init, inp, K, rng) for _ in range(num_restarts)], strict=True)
+        starts = _starts(cfg)(jnp.asarray(np.stack(labs)), jnp.asarray(np.stack(cens)), inp)
+    res = run_until_converged(kern.init, kern.step, Problem(inp, mu0), jax.random.key(seed),
+                              StopRule(int(max_iter), float(tol)), num_restarts=num_restarts, chunk=chunk,
+                              progress=progress, desc="merge_mppca", init_state=starts)
+    best = res.state
     summ = V.summary_of(cfg, best.vb, prune_below)
     return {"counts": summ["N_k"][summ["keep"]] * sum(float(np.sum(model_params(m)["counts"])) for m in models)
             / float(n_virtual), "weights": summ["weights"], "means": summ["means"], "loadings": summ["loadings"],
             "ranks": summ["ranks"], "covariances": summ["covariances"], "tau": summ["tau"],
-            "K_eff": len(summ["keep"]), "bound": np.concatenate(traces, axis=1)[b, :int(it[b])],
-            "restart_bounds": finals, "assignment": np.asarray(best.vb.r)[:, summ["keep"]]}
+            "K_eff": len(summ["keep"]), "bound": res.info.objective,
+            "restart_bounds": res.objective_per_restart, "assignment": np.asarray(best.vb.r)[:, summ["keep"]]}
 
 
 def merge_incremental(models: Sequence[Any], *, equal_mass: bool = False, **kw) -> dict:

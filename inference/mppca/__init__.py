@@ -1,0 +1,12 @@
+"""Variational Bayes for mixtures of probabilistic PCA and VB merging of fitted mixtures (Bruneau, Gelgon &
+Picarougne, Information Fusion 2013; notes ``shared/notes/001_vbmppca.md``), one algorithm per module:
+
+* ``common``: configuration, variational state, M step (eq. 55), parameter part of the bound, post-processing
+  (pruning, eq.-5 rotation, Algorithm 1, plug-in mixture density);
+* ``vbem``: VBMPPCA, VB-EM on data (method ``vbem``);
+* ``em``: ML EM for (M)PPCA, the paper's baseline (method ``em``);
+* ``merge``: VBMPPCA-A, merging fitted models from their parameters (``inference.merge_mppca``);
+* ``baselines``: scikit-learn's VBGMM as method ``vbgmm``.
+
+Every kernel is an ``init``/``step`` pair on NamedTuples run by ``inference.loop``.
+"""

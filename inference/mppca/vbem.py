@@ -1,0 +1,327 @@
+"""VB-EM for the Bayesian mixture of PPCA (VBMPPCA, Bruneau, Gelgon & Picarougne 2013, sec. 4.3 and appendix
+A), vectorised over components, as a kernel run by ``inference.loop``; notes ``shared/notes/001_vbmppca.md``
+(N<section>). The family, the M step and the bound are in ``inference.mppca.common``.
+
+One sweep (``sweep``, the kernel's ``step``; order alpha, (X, Z), statistics, mu, Lambda, nu, tau; each step is an
+exact coordinate ascent step, so the bound F never decreases):
+
+* X/Z (eq. 53, corrected, erratum E4):  Sx_k = (I + E tau EL_k)^-1,  EL_k = d SL_k + M_k^T M_k,
+  m_nk = E tau Sx_k M_k^T (y_n - m_mu_k),
+  ln rho_nk = E ln omega_k - 1/2 tr(Sx_k + m m^T) + **1/2 ln|Sx_k|**
+              - E tau/2 [|y|^2 + E|mu_k|^2 - 2 y^T m_mu_k - 2 (y - m_mu_k)^T M_k m_nk + tr(EL_k (Sx_k + m m^T))].
+  The paper (and VBmix) omit +1/2 ln|Sx_k|, the entropy of q(x | z = k); then the Z step is not the coordinate
+  optimum and the bound can decrease (what the paper's sec. 7 blames on "coupled moments").
+  ``paper_literal=True`` reproduces the omission (tests only).
+* statistics (eq. 54), then the M step (eq. 55) and tau of ``common``; ``Info.objective`` is the bound F (N3.3)
+  after the sweep.
+
+Initialisation (``init``): k-means (random distinct rows as centres, Lloyd iterations) then per-cluster PCA for
+M_k (a non-zero M is required: q(Lambda) at the prior is a fixed point, E17); ``num_restarts`` restarts run in
+parallel (vmap, ``inference.loop``), the highest final bound wins. Draws for the DataTree come from the q factors
+(unrotated) with their log density ``log_q`` (``draw``).
+
+Spaces: ``log_q`` is the density of q(omega) q(nu) q(Lambda) q(mu) q(tau) at the draws of the model's sites
+(omega, nu, Wt = Lambda^T, mu, tau); the NumPyro model marginalises z and x, so these are exactly the variables
+its log density is evaluated on. The bound F is the ELBO on the augmented space (omega, nu, Lambda, mu, tau, z,
+x), E_q[log p(Y, x, z, theta) - log q(theta) - log q(z, x)]; the ELBO of q(theta) on the model's space is >= F.
+Every parameter of q is stored in group ``variational`` (tests/test_log_q.py rebuilds both from it).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
+import xarray as xr
+from jax.scipy.special import logsumexp
+
+from inference._methods import Draws, FitContext, Option, register_method
+from inference.loop import Run, StopRule, run_until_converged
+from inference.mppca.common import (
+    Cfg,
+    Stats,
+    VBState,
+    bound_from,
+    cfg_from,
+    chol_inv_logdet,
+    e_lambda,
+    e_log_omega,
+    summary_of,
+    tau_moments,
+    update_alpha,
+    update_lambda,
+    update_mu,
+    update_nu,
+    update_tau,
+)
+from zoo.mppca import prior_means
+
+
+class Problem(NamedTuple):
+    """What a VB-EM run is given: the data and the prior means of the components."""
+
+    Y: jax.Array        # (N, d)
+    mu0: jax.Array      # (K, d)
+
+
+class Info(NamedTuple):
+    objective: jax.Array    # the bound F (N3.3) after the sweep
+
+
+# --------------------------------------------------------------------------------------------------
+# One sweep (eq. 53 corrected, eq. 54, eq. 55)
+# --------------------------------------------------------------------------------------------------
+
+
+def update_xz(cfg: Cfg, st: VBState, Y) -> VBState:
+    """q(x, z) given the parameter factors (eq. 53 with the +1/2 ln|Sx_k| of erratum E4)."""
+    Et, _ = tau_moments(cfg, st)
+    EL = e_lambda(cfg, st)
+    Sx, logdet_Px = chol_inv_logdet(jnp.eye(cfg.q) + Et * EL)                     # ln|Sx| = -logdet_Px
+    D = Y[:, None, :] - st.m_mu[None]                                               # (N, K, d)
+    m = Et * jnp.einsum("kab,kdb,nkd->nka", Sx, st.M, D)                            # (N, K, q)
+    Emu2 = jnp.sum(st.m_mu**2, -1) + cfg.d * st.s2_mu                               # (K,)
+    y2 = jnp.sum(Y**2, -1)[:, None]
+    quad = (y2 + Emu2[None] - 2 * Y @ st.m_mu.T - 2 * jnp.einsum("nkd,kdq,nkq->nk", D, st.M, m)
+            + jnp.einsum("kij,kji->k", EL, Sx)[None] + jnp.einsum("nki,kij,nkj->nk", m, EL, m))
+    trxx = jnp.trace(Sx, axis1=-2, axis2=-1)[None] + jnp.sum(m**2, -1)
+    logrho = e_log_omega(cfg, st)[None] - 0.5 * trxx - 0.5 * Et * quad
+    if not cfg.paper_literal:
+        logrho = logrho - 0.5 * logdet_Px[None]
+    r = jax.nn.softmax(logrho, axis=-1) if cfg.mixture else jnp.ones_like(logrho)
+    return st._replace(r=r, m=m, Sx=Sx)
+
+
+def stats_of(st: VBState, Y) -> Stats:
+    r, m = st.r, st.m
+    N = jnp.sum(r, 0)
+    rm = r[..., None] * m
+    return Stats(N=N, y=r.T @ Y, s=jnp.sum(rm, 0), SY=jnp.einsum("nd,nkq->kdq", Y, rm),
+                 S=N[:, None, None] * st.Sx + jnp.einsum("nki,nkj->kij", rm, m), y2=r.T @ jnp.sum(Y**2, -1))
+
+
+def bound(cfg: Cfg, st: VBState, problem: Problem):
+    """The variational lower bound F (N3.3, all constants) at the current state."""
+    Y, mu0 = problem
+    s = stats_of(st, Y)
+    zpart = jnp.sum(st.r * (e_log_omega(cfg, st)[None] - jnp.log(jnp.clip(st.r, 1e-300)))) if cfg.mixture else 0.0
+    return bound_from(cfg, st, s, Y.shape[0], zpart, mu0)
+
+
+def sweep(cfg: Cfg, st: VBState, problem: Problem, record: bool = False):
+    """One VB-EM sweep: alpha; X/Z; stats; mu; Lambda; nu; tau. Returns (state, bound) or, with ``record``,
+    (state, bounds after each factor update: [alpha, xz, mu, Lambda, nu, tau])."""
+    Y, mu0 = problem
+    rec = []
+    st = update_alpha(cfg, st, stats_of(st, Y)) if cfg.mixture else st
+    rec.append(st)
+    st = update_xz(cfg, st, Y)
+    rec.append(st)
+    s = stats_of(st, Y)
+    st = update_mu(cfg, st, s, mu0)
+    rec.append(st)
+    st = update_lambda(cfg, st, s)
+    rec.append(st)
+    st = update_nu(cfg, st)
+    rec.append(st)
+    st = update_tau(cfg, st, s, Y.shape[0])
+    rec.append(st)
+    if record:
+        return st, jnp.stack([bound(cfg, x, problem) for x in rec])
+    return st, bound(cfg, st, problem)
+
+
+# --------------------------------------------------------------------------------------------------
+# Initialisation, the kernel, draws from q
+# --------------------------------------------------------------------------------------------------
+
+
+def kmeans_labels(key, Y, K, iters=20):
+    """Lloyd's k-means from K distinct random rows (vectorised; empty clusters keep their centre)."""
+    N = Y.shape[0]
+    C = Y[jax.random.choice(key, N, (K,), replace=False)]
+
+    def body(C, _):
+        lab = jnp.argmin(jnp.sum((Y[:, None] - C[None]) ** 2, -1), -1)
+        R = jax.nn.one_hot(lab, K)
+        n = R.sum(0)
+        C = jnp.where(n[:, None] > 0, (R.T @ Y) / jnp.maximum(n, 1)[:, None], C)
+        return C, None
+
+    C, _ = jax.lax.scan(body, C, None, length=iters)
+    return jnp.argmin(jnp.sum((Y[:, None] - C[None]) ** 2, -1), -1), C
+
+
+def initial_state(cfg: Cfg, key, Y) -> VBState:
+    """k-means responsibilities, per-cluster PCA loadings (notes E17: M must not start at 0)."""
+    N, d = Y.shape
+    K, q = cfg.K, cfg.q
+    if cfg.mixture:
+        lab, C = kmeans_labels(key, Y, K)
+        r = jax.nn.one_hot(lab, K)
+    else:
+        r, C = jnp.ones((N, 1)), Y.mean(0)[None]
+    n = r.sum(0)
+    D = Y[:, None] - C[None]
+    cov = jnp.einsum("nk,nki,nkj->kij", r, D, D) / jnp.maximum(n, 1)[:, None, None]
+    cov = cov + 1e-6 * jnp.trace(jnp.cov(Y.T)) / d * jnp.eye(d)
+    lam, U = jnp.linalg.eigh(cov)                                  # ascending
+    lam, U = lam[:, ::-1], U[:, :, ::-1]
+    if cfg.learn_tau:
+        resid = jnp.sum(n[:, None] * lam[:, q:]) / (N * (d - q))
+        sig2 = jnp.maximum(resid, 1e-3 * jnp.mean(lam[:, 0]))
+    else:
+        sig2 = 1.0 / cfg.tau
+    M = U[:, :, :q] * jnp.sqrt(jnp.maximum(lam[:, :q] - sig2, 1e-2 * sig2))[:, None, :]
+    a_nu = jnp.full((K, q), cfg.a0 + d / 2)
+    b_nu = a_nu * jnp.sum(M**2, 1) / d
+    c_tau = jnp.asarray(cfg.a_tau + N * d / 2)
+    return VBState(r=r, m=jnp.zeros((N, K, q)), Sx=jnp.broadcast_to(jnp.eye(q), (K, q, q)),
+                   alpha=cfg.alpha0 + n, m_mu=C, s2_mu=1.0 / (cfg.nu0 + n / sig2), M=M,
+                   SL=jnp.zeros((K, q, q)) + 1e-12 * jnp.eye(q), a_nu=a_nu, b_nu=b_nu, c_tau=c_tau,
+                   e_tau=c_tau * sig2)
+
+
+class Kernel(NamedTuple):
+    """``init(key, problem) -> VBState``, ``step(key, state, problem) -> (VBState, Info)`` (one sweep; the key is
+    unused: VB-EM is deterministic), ``draw(key, state, n) -> (draws, log_q)``."""
+
+    init: Callable
+    step: Callable
+    draw: Callable
+
+
+@functools.lru_cache(maxsize=64)
+def kernel(cfg: Cfg) -> Kernel:
+    """The VB-EM kernel for one static configuration (cached, so ``inference.loop`` compiles it once)."""
+
+    def init(key, problem: Problem) -> VBState:
+        return initial_state(cfg, key, problem.Y)
+
+    def step(key, state: VBState, problem: Problem):
+        state, F = sweep(cfg, state, problem)
+        return state, Info(F)
+
+    def draw(key, state: VBState, n: int):
+        return _draw_q(cfg, state, key, n)
+
+    return Kernel(init, step, draw)
+
+
+def fit_vbem(Y, hyper, key, *, mixture=True, num_restarts=1, max_iter=1000, tol=1e-7, paper_literal=False,
+             chunk=25, progress=None) -> tuple[Cfg, Run]:
+    """Run VB-EM on ``Y`` (no DataTree) from ``num_restarts`` k-means initialisations in parallel until every
+    restart's relative bound change is <= ``tol`` or ``max_iter``: returns (cfg, ``inference.loop.Run``; its
+    ``info.objective`` is the bound after every sweep of the best restart)."""
+    Y = np.asarray(Y, float)
+    cfg = cfg_from(hyper, Y.shape[1], mixture, paper_literal)
+    if cfg.mixture and cfg.K > Y.shape[0]:
+        raise ValueError(f"K: at most N = {Y.shape[0]} components can be initialised by k-means, got {cfg.K}")
+    problem = Problem(jnp.asarray(Y), jnp.asarray(prior_means({"Y": Y}, hyper, cfg.K)))
+    kern = kernel(cfg)
+    return cfg, run_until_converged(kern.init, kern.step, problem, key, StopRule(int(max_iter), float(tol)),
+                                    num_restarts=num_restarts, chunk=chunk, progress=progress, desc="vbem")
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _draw_q(cfg: Cfg, st: VBState, key, S: int):
+    """S draws of (omega, nu, Wt, mu, tau) from the q factors and log q at each (constrained space)."""
+    k1, k3, k4 = jax.random.split(key, 3)
+    K, q, d = cfg.K, cfg.q, cfg.d
+    post, lq = {}, jnp.zeros(S)
+    # every Gamma variate in one loggamma call (one sampler to compile): [alpha (K), a_nu (K q), c_tau (1)]
+    shapes = jnp.concatenate([st.alpha, st.a_nu.reshape(-1), st.c_tau[None]])
+    lg = jax.random.loggamma(k1, shapes, (S, shapes.shape[0]))
+    if cfg.mixture:
+        la = lg[:, :K]
+        lw = jnp.maximum(la - logsumexp(la, -1, keepdims=True), -700.0)   # omega_k >= e^-700: finite log densities
+        om = jnp.exp(lw)
+        om = om / om.sum(-1, keepdims=True)
+        post["omega"] = om
+        lq += dist.Dirichlet(st.alpha).log_prob(om)
+    nu = jnp.maximum(jnp.exp(lg[:, K:K + K * q].reshape(S, K, q)) / st.b_nu, 1e-300)
+    post["nu"] = nu
+    lq += dist.Gamma(st.a_nu, st.b_nu).log_prob(nu).sum((-2, -1))
+    Lc = jnp.linalg.cholesky(st.SL + 1e-300 * jnp.eye(q))                        # (K, q, q)
+    eps = jax.random.normal(k3, (S, K, d, q))
+    Wrows = st.M[None] + jnp.einsum("kij,skdj->skdi", Lc, eps)                     # rows ~ N(M^i, SL)
+    post["Wt"] = jnp.swapaxes(Wrows, -1, -2)                                        # (S, K, q, d)
+    lq += dist.MultivariateNormal(st.M, scale_tril=Lc[:, None]).log_prob(Wrows).sum((-2, -1))
+    mu = st.m_mu[None] + jnp.sqrt(st.s2_mu)[None, :, None] * jax.random.normal(k4, (S, K, d))
+    post["mu"] = mu
+    lq += dist.Normal(st.m_mu, jnp.sqrt(st.s2_mu)[:, None]).log_prob(mu).sum((-2, -1))
+    if cfg.learn_tau:
+        tau = jnp.exp(lg[:, -1]) / st.e_tau
+        post["tau"] = tau
+        lq += dist.Gamma(st.c_tau, st.e_tau).log_prob(tau)
+    if not cfg.mixture:
+        post = {k: (v[:, 0] if k != "tau" else v) for k, v in post.items()}
+    return post, lq
+
+
+def _variational_group(cfg: Cfg, st: VBState, summ: dict) -> xr.Dataset:
+    """Group ``variational``: the point summary (N_k, kept, rank, weight, E_nu, E_tau) and every parameter of
+    q, so that ``log_q`` and the bound can be recomputed from the tree: alpha (Dirichlet q(omega); absent for
+    ppca), a_nu, b_nu (Gamma shape/rate of q(nu)), M, SL (q(Lambda_k) rows N(M_k^i, SL_k)), m_mu, s2_mu
+    (q(mu_k) = N(m_mu_k, s2_k I)), c_tau, e_tau (Gamma shape/rate of q(tau); absent when tau is fixed) and the
+    local factors r (row, component) = q(z_n = k), m_x (row, component, column), Sx (component, column,
+    column) of q(x_n | z_n = k) = N(m_x_nk, Sx_k)."""
+    K = cfg.K
+    ds = {
+        "N_k": (("component",), np.asarray(summ["N_k"])),
+        "kept": (("component",), np.isin(np.arange(K), summ["keep"])),
+        "m_mu": (("component", "feature"), np.asarray(st.m_mu)),
+        "s2_mu": (("component",), np.asarray(st.s2_mu)),
+        "M": (("component", "feature", "column"), np.asarray(st.M)),
+        "SL": (("component", "column", "column_bis"), np.asarray(st.SL)),
+        "E_nu": (("component", "column"), np.asarray(st.a_nu / st.b_nu)),
+        "a_nu": (("component", "column"), np.asarray(st.a_nu)),
+        "b_nu": (("component", "column"), np.asarray(st.b_nu)),
+        "r": (("row", "component"), np.asarray(st.r)),
+        "m_x": (("row", "component", "column"), np.asarray(st.m)),
+        "Sx": (("component", "column", "column_bis"), np.asarray(st.Sx)),
+        "rank": (("kept_component",), summ["ranks"]),
+        "weight": (("kept_component",), summ["weights"]),
+    }
+    if cfg.mixture:
+        ds["alpha"] = (("component",), np.asarray(st.alpha))
+    if cfg.learn_tau:
+        ds["c_tau"], ds["e_tau"] = ((), np.asarray(st.c_tau)), ((), np.asarray(st.e_tau))
+    return xr.Dataset(ds, attrs={"E_tau": summ["tau"]})
+
+
+VBEM_OPTIONS = {
+    "max_iter": Option(1000, "positive_int", "most VB-EM sweeps per restart", tiny=50),
+    "tol": Option(1e-7, "positive", "stop when the relative change of the bound is at most this"),
+    "num_samples": Option(1000, "positive_int", "draws from q stored in the posterior", tiny=20),
+    "num_restarts": Option(1, "positive_int", "k-means restarts run in parallel; the highest final bound wins",
+                           tiny=1),
+    "prune_below": Option(2.0, "nonnegative", "components with N_k at most this are reported pruned (VBmix: 2)"),
+    "rank_threshold": Option(0.1, "nonnegative", "Algorithm 1: stop adding columns when 2 KL is at most this"),
+    "paper_literal": Option(False, "bool", "omit +1/2 ln|Sigma_x| in the responsibilities as the paper does "
+                                           "(erratum E4; the bound may then decrease)"),
+}
+
+
+@register_method("vbem", kind="variational", models=("mppca", "ppca"), options=VBEM_OPTIONS)
+def run_vbem(ctx: FitContext) -> Draws:
+    """VB-EM for Bayesian (M)PPCA with automatic pruning of components and ARD columns (notes 3.3; erratum E4
+    fixed: +1/2 ln|Sigma_x| in the responsibilities, so the bound is monotone); restarts ``num_restarts``."""
+    o = ctx.options
+    mixture = ctx.spec.name != "ppca"
+    cfg, res = fit_vbem(ctx.data["Y"], ctx.hyper, jax.random.fold_in(ctx.key, 1), mixture=mixture,
+                        num_restarts=o["num_restarts"], max_iter=o["max_iter"], tol=o["tol"],
+                        paper_literal=o["paper_literal"], progress=o["progress"])
+    post, log_q = kernel(cfg).draw(jax.random.fold_in(ctx.key, 2), res.state, o["num_samples"])
+    summ = summary_of(cfg, res.state, o["prune_below"], o["rank_threshold"])
+    return Draws(posterior={k: np.asarray(v)[None] for k, v in post.items()},
+                 sample_stats={"log_q": np.asarray(log_q)[None]}, traces={"bound": res.info.objective},
+                 groups={"variational": _variational_group(cfg, res.state, summ)},
+                 objective=res.objective, converged=res.converged, n_iter=res.n_iter,
+                 attrs={"K_eff": int(len(summ["keep"])), "ranks": summ["ranks"].tolist(),
+                        "restart_bounds": res.objective_per_restart.tolist()})
