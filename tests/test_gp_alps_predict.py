@@ -44,8 +44,8 @@ def _oracle(tree, data, t_new, sigma2=None):
     F = za.latent_factors(t, za.resolve_kernels(KERNELS))            # the model's x_j = F_j u_j at the data
     X = np.einsum("jnr,sjr->sjn", F, u)
     # exact GP conditional mean at t_new given x_j at the data
-    Xn = np.stack([np.einsum("nk,sk->sn", _gram(t_new, t, k) @ np.linalg.pinv(_gram(t, t, k), rcond=1e-9, hermitian=True),
-                             X[:, j]) for j, k in enumerate(KERNELS)], 1)
+    weights = [_gram(t_new, t, k) @ np.linalg.pinv(_gram(t, t, k), rcond=1e-9, hermitian=True) for k in KERNELS]
+    Xn = np.stack([np.einsum("nk,sk->sn", weights[j], X[:, j]) for j in range(len(KERNELS))], 1)
     if "b" in post:
         f = np.einsum("spj,sjn->spn", H * flat(post["b"].values)[:, None, :], Xn)
         Ef, Ef2 = f, f ** 2

@@ -138,7 +138,8 @@ def _log_prior(state: State, pb: Problem, learn):
     """log p(u) + log p(H) + log p(b) [+ log InvGamma(sigma2 | a0, b0) when the noise is learned]."""
     norm = jax.scipy.stats.norm.logpdf
     lp = jnp.sum(norm(state.u)) + jnp.sum(norm(state.H, 0.0, jnp.sqrt(pb.s)))
-    lp = lp + jnp.sum(state.b * jax.nn.log_sigmoid(pb.logit_theta) + (1 - state.b) * jax.nn.log_sigmoid(-pb.logit_theta))
+    lp = lp + jnp.sum(state.b * jax.nn.log_sigmoid(pb.logit_theta)
+                      + (1 - state.b) * jax.nn.log_sigmoid(-pb.logit_theta))
     sigma2 = 1.0 / state.tau
     log_ig = pb.a0 * jnp.log(pb.b0) - jax.scipy.special.gammaln(pb.a0) - (pb.a0 + 1) * jnp.log(sigma2) - pb.b0 / sigma2
     return lp + jnp.where(learn, jnp.sum(log_ig), 0.0)
