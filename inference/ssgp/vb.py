@@ -76,7 +76,6 @@ class State(NamedTuple):
     dC: jax.Array       # (1+T,)    change of (C_sigma, C_tau) over the last sweep (the extrapolation direction)
 
 
-
 class Info(NamedTuple):
     objective: jax.Array  # the lower bound after the sweep
     step: jax.Array       # NCVMP step a used
@@ -133,7 +132,6 @@ def init(cfg, settings, key, problem):
     w0 = data.mask if cfg.likelihood != "logit" else data.mask * 2.0 * omega(st.xi)
     EZ, ZWZ = expectations(cfg, data.X, w0, data.S, mu_lam, Sig_lam)
     return st._replace(EZ=EZ, ZWZ=ZWZ)
-
 
 
 def step(cfg, settings, key, st, data):
@@ -207,7 +205,6 @@ def draw(cfg, key, st, num_samples):
         post["gamma"] = gamma
         log_q += scale_log_density(gamma, cfg.n - 2.0, st.C_gam, cfg.A_gamma**2)
     return post, log_q
-
 
 
 def run(cfg: Config, data: Data, *, max_iter=1000, tol=1e-6, warm_start=3, step_max=1e4, backtrack=True,
