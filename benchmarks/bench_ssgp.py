@@ -64,7 +64,7 @@ def _vb_vs_nuts(h, small):
 
 def _sweep_cost(h, small):
     import zoo
-    from inference import ssgp_vb as V
+    from inference.ssgp import problem, sweep, vb
     from zoo import ssgp
 
     sizes = (1_000, 3_000, 10_000) if small else (1_000, 10_000, 100_000)
@@ -73,9 +73,9 @@ def _sweep_cost(h, small):
     sides, n_of = {}, {}
     for n in sizes:
         data, _ = ssgp.simulate_lmm(1, n_groups=50, per_group=n // 50)
-        cfg, arrays = V.setup(spec.inputs(data, hyper), hyper, "gaussian")
-        st = V.init_state(cfg, arrays)
-        f = jax.jit(lambda s, d, cfg=cfg: V.sweep(cfg, d, s, 1.0).bound)
+        cfg, arrays = problem.setup(spec.inputs(data, hyper), hyper, "gaussian")
+        st = vb.kernel(cfg).init(None, arrays)
+        f = jax.jit(lambda s, d, cfg=cfg: sweep.sweep(cfg, d, s, 1.0).bound)
         sides[f"n={n}"] = lambda f=f, st=st, arrays=arrays: f(st, arrays)
         n_of[f"n={n}"] = n
     out = h.compare("ssgp_lmm VB: one sweep (NCVMP step, q(alpha, beta), scales, lower bound), m=20, d=1, "

@@ -17,7 +17,8 @@ This module runs them:
 * ``run_until_converged``: optimisation kernels (VB, EM, ADMM), one stopping rule API (``StopRule``),
   restarts vectorised with ``vmap`` (the best final objective wins), chunks of ``chunk`` jit-compiled
   steps with a progress bar between chunks; a run that has converged is frozen while the others go on,
-  so the result equals a ``while_loop`` per restart.
+  so the result equals a ``while_loop`` per restart; steps after every restart has stopped are skipped.
+  ``Info.may_stop`` (optional boolean field) vetoes the stopping rule at a step.
 * ``sample_chains``: Markov kernels (Gibbs), ``num_chains`` chains vectorised, ``num_warmup`` steps
   dropped, every ``thinning``-th of the next ``num_samples * thinning`` steps kept.
 """
@@ -129,23 +130,33 @@ def _vmapped_init(init: Kernel):
 @functools.lru_cache(maxsize=64)
 def _optimiser_chunk(step: Kernel, rule: StopRule, chunk: int):
     """One compiled chunk of ``chunk`` steps for every restart (cached per kernel, rule and chunk, so
-    repeated fits in one process trace once)."""
+    repeated fits in one process trace once). Once every restart has stopped, the remaining steps of the
+    chunk are skipped (``lax.cond`` on all restarts), so a run costs the steps it needs, not whole chunks.
+    An ``Info`` with a boolean field ``may_stop`` vetoes the rule where it is False (a kernel whose
+    convergence needs more than a small change of the objective)."""
 
-    def one(carry, _, problem):
-        state, f, done, conv, it, k = carry
+    def one(state, f, done, conv, it, k, problem):
         new, info = step(jax.random.fold_in(k, it), state, problem)
-        fired = rule.reached(f, info.objective, getattr(info, "residual", None))
+        fired = rule.reached(f, info.objective, getattr(info, "residual", None)) & getattr(info, "may_stop", True)
         stop = fired | (it + 1 >= rule.max_iter)
         state = _freeze(done, state, new)
         conv = conv | (~done & fired)
         f = jnp.where(done, f, info.objective)
         it = jnp.where(done, it, it + 1)
-        return (state, f, done | stop, conv, it, k), info
+        return (state, f, done | stop, conv, it), info
+
+    every = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, None))
 
     def run_chunk(state, f, done, conv, it, k, problem):
-        return jax.lax.scan(lambda c, x: one(c, x, problem), (state, f, done, conv, it, k), None, length=chunk)
+        def body(carry, _):
+            shapes = jax.eval_shape(every, *carry, k, problem)[1]
+            idle = lambda c: (c, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
+            return jax.lax.cond(jnp.all(carry[2]), idle, lambda c: every(*c, k, problem), carry)
 
-    return jax.jit(jax.vmap(run_chunk, in_axes=(0, 0, 0, 0, 0, 0, None)))
+        carry, info = jax.lax.scan(body, (state, f, done, conv, it), None, length=chunk)
+        return (*carry, k), jax.tree.map(lambda a: jnp.swapaxes(a, 0, 1), info)
+
+    return jax.jit(run_chunk)
 
 
 def sample_chains(init: Kernel, step: Kernel, problem: Any, key: jax.Array, *, num_chains: int,

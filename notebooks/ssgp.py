@@ -61,7 +61,6 @@ import zoo
 from diagnostics import references, scorecard
 from diagnostics.scorecard import compared_posterior
 from inference.gp_exact import fit_exact_gp, predict_exact_gp
-from inference.ssgp_vb import predict
 
 pd.set_option("display.width", 160)
 pd.set_option("display.precision", 3)
@@ -180,8 +179,9 @@ rmse_exact = float(np.sqrt(np.mean((predict_exact_gp(ex, test["X"], group=test["
 rmse = {}
 for m in M_SWEEP:
     tree = vb if m == 10 else inference.fit("ssgp_lmm", data, "vb", seed=0, m=m, progress=False, num_samples=100)
-    rmse[m] = float(np.sqrt(np.mean((predict(tree, test["X"], group=test["group"])["mean"] - test["eta"]) ** 2)))
-pv = predict(vb, test["X"], group=test["group"])
+    pred = inference.predict(tree, {"X": test["X"], "group": test["group"]})
+    rmse[m] = float(np.sqrt(np.mean((pred["mean"] - test["eta"]) ** 2)))
+pv = inference.predict(vb, {"X": test["X"], "group": test["group"]})
 cover90 = float(np.mean(np.abs(test["eta"] + 0.3 * np.random.default_rng(7).standard_normal(len(test["eta"]))
                                - pv["mean"]) <= 1.645 * np.sqrt(pv["y_var"])))
 print(f"exact GP RMSE {rmse_exact:.4f}; VB RMSE by m: " + ", ".join(f"m={m}: {r:.4f} ({r / rmse_exact:.3f}x)"

@@ -386,7 +386,7 @@ def test_ssgp_bound_is_the_elbo_on_its_space(ssgp_case):
     """LMM: the model-space ELBO itself; probit/logit: the ELBO on the y*/omega-augmented space, below the
     model-space ELBO (which is what the binary models' Monte Carlo of the tree estimates)."""
     name, data, tree = ssgp_case
-    bound = tree.attrs["bound_final"]
+    bound = tree.attrs["objective"]
     marginal = model_log_joint(tree) - tree_log_q(tree)
     if name == "ssgp_lmm":
         assert_bound_equals_mc(marginal, bound, name)

@@ -57,6 +57,26 @@ def test_run_until_converged_matches_a_python_while_loop_for_any_chunk(chunk):
     assert run.objective == pytest.approx(trace[-1], rel=1e-12)
 
 
+class GatedInfo(NamedTuple):
+    objective: jax.Array
+    may_stop: jax.Array
+
+
+def test_info_may_stop_vetoes_the_rule_until_it_allows_stopping():
+    """A kernel whose Info says ``may_stop = (t >= 12)``: the rule (which would fire at once on a constant
+    objective) only fires at step 12; a plain Python loop with the same gate agrees."""
+
+    def init(key, problem):
+        return State(jnp.asarray(0.0))
+
+    def step(key, state, problem):
+        return State(state.x + 1.0), GatedInfo(jnp.asarray(-1.0), state.x + 1.0 >= 12)
+
+    run = run_until_converged(init, step, PROBLEM, jax.random.key(0), StopRule(100, 1e-8), chunk=5)
+    assert run.converged and run.n_iter == 12 and float(run.state.x) == 12.0
+    assert run.info.objective.shape == (12,)
+
+
 def test_max_iter_stops_without_converging():
     rule = StopRule(max_iter=5, tol=0.0)
     run = run_until_converged(contraction_init, contraction_step, PROBLEM, jax.random.key(1), rule, chunk=3)

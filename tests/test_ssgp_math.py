@@ -11,12 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from inference import ssgp_vb as V
+from inference.ssgp import bound, features, hfunction, problem
 
 
 def _cfg(n, m, d, chunk=None):
     chunk = chunk or n
-    return V.Config("gaussian", n, m, d, 1, 0, 0, 25.0, 25.0, 25.0, chunk, -(-n // chunk))
+    return problem.Config("gaussian", n, m, d, 1, 0, 0, 25.0, 25.0, 25.0, chunk, -(-n // chunk))
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +47,9 @@ def test_feature_moments_match_monte_carlo_within_4_standard_errors(small):
     Unit: Monte Carlo standard errors of each entry (4 SE: a false alarm has probability ~6e-5 per entry)."""
     p = small
     cfg = _cfg(p["n"], p["m"], p["d"])
-    EZ, ZWZ = V.expectations(cfg, jnp.asarray(p["X"]), jnp.asarray(p["w"]), jnp.asarray(p["S"]),
+    EZ, ZWZ = features.expectations(cfg, jnp.asarray(p["X"]), jnp.asarray(p["w"]), jnp.asarray(p["S"]),
                              jnp.asarray(p["mu"]), jnp.asarray(p["Sig"]))
-    quad = V.quad_features(cfg, jnp.asarray(p["X"]), jnp.asarray(p["S"]), jnp.asarray(p["mu"]),
+    quad = features.quad_features(cfg, jnp.asarray(p["X"]), jnp.asarray(p["S"]), jnp.asarray(p["mu"]),
                            jnp.asarray(p["Sig"]), jnp.asarray(p["M"]))
     Z = _mc_features(p, 200_000, 5)
     D = Z.shape[0]
@@ -86,7 +86,7 @@ def test_reduced_cost_moments_equal_the_naive_t_plus_minus_form(small):
         pad = cfg.n_chunks * chunk - p["n"]
         X = np.concatenate([p["X"], np.zeros((pad, p["d"]))])
         w = np.concatenate([p["w"], np.zeros(pad)])
-        _, ZWZ = V.expectations(cfg, jnp.asarray(X), jnp.asarray(w), jnp.asarray(p["S"]), jnp.asarray(p["mu"]),
+        _, ZWZ = features.expectations(cfg, jnp.asarray(X), jnp.asarray(w), jnp.asarray(p["S"]), jnp.asarray(p["mu"]),
                                 jnp.asarray(p["Sig"]))
         assert np.max(np.abs(np.asarray(ZWZ) - naive)) < 1e-12
 
@@ -97,7 +97,7 @@ def _closed_form_S(p, coef):
     P0 = jnp.eye(p["d"]) / 10.0
 
     def S(mu, Sig):
-        EZ, ZWZ = V.expectations(cfg, jnp.asarray(p["X"]), jnp.asarray(p["w"]), jnp.asarray(p["S"]), mu, Sig)
+        EZ, ZWZ = features.expectations(cfg, jnp.asarray(p["X"]), jnp.asarray(p["w"]), jnp.asarray(p["S"]), mu, Sig)
         return jnp.sum(EZ * coef) - 0.5 * jnp.sum(ZWZ * p["M"]) - 0.5 * mu @ P0 @ mu - 0.5 * jnp.trace(P0 @ Sig)
 
     return S, P0, cfg
@@ -117,8 +117,8 @@ def test_ncvmp_gradient_and_F1_F2_equal_autodiff_of_the_closed_form_objective(sm
     S, P0, cfg = _closed_form_S(p, jnp.asarray(coef))
     mu, Sig = jnp.asarray(p["mu"]), jnp.asarray(p["Sig"])
     g_ad, dSig = jax.grad(S, argnums=(0, 1))(mu, Sig)
-    g_data, F = V.ncvmp_terms(cfg, jnp.asarray(p["X"]), jnp.asarray(p["w"]), jnp.asarray(coef), jnp.asarray(p["S"]),
-                              mu, Sig, jnp.asarray(p["M"]))
+    g_data, F = features.ncvmp_terms(cfg, jnp.asarray(p["X"]), jnp.asarray(p["w"]), jnp.asarray(coef),
+                                     jnp.asarray(p["S"]), mu, Sig, jnp.asarray(p["M"]))
     g = g_data - P0 @ mu
     rel = lambda a, b: float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
     assert rel(g, g_ad) < 1e-8
@@ -133,8 +133,8 @@ def test_the_documents_F2_coefficient_minus_one_half_is_wrong(small):
     S, P0, cfg = _closed_form_S(p, coef)
     mu, Sig = jnp.asarray(p["mu"]), jnp.asarray(p["Sig"])
     dSig = jax.grad(S, argnums=1)(mu, Sig)
-    _, F_doc = V.ncvmp_terms(cfg, jnp.asarray(p["X"]), jnp.asarray(p["w"]), coef, jnp.asarray(p["S"]), mu, Sig,
-                             jnp.asarray(p["M"]), f2_coef=-0.5)
+    _, F_doc = features.ncvmp_terms(cfg, jnp.asarray(p["X"]), jnp.asarray(p["w"]), coef, jnp.asarray(p["S"]), mu, Sig,
+                                    jnp.asarray(p["M"]), f2_coef=-0.5)
     rel = float(jnp.max(jnp.abs(P0 + F_doc + dSig + dSig.T)) / jnp.max(jnp.abs(dSig)))
     assert rel > 1e-2  # the -1/2 variant is off by a large relative amount
 
@@ -154,7 +154,7 @@ H_REFERENCE = [
 def test_log_h_matches_the_tricomi_closed_form(args, expected):
     """notes A3: relative error below 1e-10 (the grid reaches ~1e-14) at the notes' eight triples,
     including large p where plain adaptive quadrature is silently wrong (p = 998: 733.7 vs 752.3)."""
-    got = float(V.log_h(*map(float, args)))
+    got = float(hfunction.log_h(*map(float, args)))
     assert abs(got - expected) / abs(expected) < 1e-10
 
 
@@ -172,12 +172,13 @@ def test_log_h_derivative_identity_monotonicity_and_extreme_p():
     p = -2 and p = 19998 (notes A3)."""
     for p, C, r in ((18.0, 3.0, 625.0), (0.0, 0.5, 1.0), (198.0, 9.0, 625.0)):
         h = 1e-5 * C
-        fd = -(float(V.log_h(p, C + h, r)) - float(V.log_h(p, C - h, r))) / (2 * h)
-        assert abs(fd - float(V.inv_moment(p, C, r, 2.0))) / fd < 1e-6
+        fd = -(float(hfunction.log_h(p, C + h, r)) - float(hfunction.log_h(p, C - h, r))) / (2 * h)
+        assert abs(fd - float(hfunction.inv_moment(p, C, r, 2.0))) / fd < 1e-6
     Cs = np.geomspace(1e-3, 1e3, 25)
-    vals = np.array([float(V.log_h(10.0, c, 625.0)) for c in Cs])
+    vals = np.array([float(hfunction.log_h(10.0, c, 625.0)) for c in Cs])
     assert np.all(np.diff(vals) < 0)
-    assert np.isfinite(float(V.log_h(-2.0, 1.0, 625.0))) and np.isfinite(float(V.log_h(19998.0, 900.0, 625.0)))
+    assert np.isfinite(float(hfunction.log_h(-2.0, 1.0, 625.0)))
+    assert np.isfinite(float(hfunction.log_h(19998.0, 900.0, 625.0)))
 
 
 @pytest.mark.parametrize("p,C,r", [(18.0, 3.0, 625.0), (8.0, 0.4, 625.0), (198.0, 9.0, 625.0), (0.0, 0.5, 1.0)])
@@ -194,7 +195,7 @@ def test_h_moments_match_importance_sampling_within_4_standard_errors(p, C, r):
         f = v ** (-k / 2)
         est = np.mean(wts * f)
         se = np.std(wts * (f - est)) / math.sqrt(D)
-        closed = float(V.inv_moment(p, C, r, k))
+        closed = float(hfunction.inv_moment(p, C, r, k))
         assert abs(closed - est) < 4 * se, (k, closed, est, se)
 
 
@@ -202,11 +203,11 @@ def test_scale_sampler_and_log_density_agree_with_the_closed_form():
     """The inverse-CDF sampler of q(sigma) reproduces E[sigma^-2] within 4 MC standard errors, and its log
     density integrates to 1 (trapezoid on a fine grid, 1e-6)."""
     p, C, r = 18.0, 3.0, 625.0
-    s = np.asarray(V.sample_scale(jax.random.key(0), p, C, r, (200_000,)))
+    s = np.asarray(hfunction.sample_scale(jax.random.key(0), p, C, r, (200_000,)))
     f = s ** -2.0
-    assert abs(f.mean() - float(V.inv_moment(p, C, r, 2.0))) < 4 * f.std() / math.sqrt(len(f))
+    assert abs(f.mean() - float(hfunction.inv_moment(p, C, r, 2.0))) < 4 * f.std() / math.sqrt(len(f))
     grid = np.linspace(1e-3, 20.0, 400_001)
-    dens = np.exp(np.asarray(V.scale_log_density(jnp.asarray(grid), p, C, r)))
+    dens = np.exp(np.asarray(hfunction.scale_log_density(jnp.asarray(grid), p, C, r)))
     assert abs(np.trapezoid(dens, grid) - 1.0) < 1e-6
 
 
@@ -217,13 +218,14 @@ def test_special_case_limits():
     n, m, d = 6, 3, 2
     X, S, mu = rng.uniform(size=(n, d)), rng.standard_normal((m, d)), rng.standard_normal(d)
     cfg = _cfg(n, m, d)
-    _, ZZ = V.expectations(cfg, jnp.asarray(X), jnp.ones(n), jnp.asarray(S), jnp.asarray(mu), 1e-14 * jnp.eye(d))
-    from zoo.ssgp import features
-    Z = np.asarray(features(jnp.asarray(X), jnp.asarray(S), jnp.asarray(mu)))
+    _, ZZ = features.expectations(cfg, jnp.asarray(X), jnp.ones(n), jnp.asarray(S), jnp.asarray(mu),
+                                  1e-14 * jnp.eye(d))
+    from zoo.ssgp import features as feature_map
+    Z = np.asarray(feature_map(jnp.asarray(X), jnp.asarray(S), jnp.asarray(mu)))
     assert np.max(np.abs(np.asarray(ZZ) - Z.T @ Z)) < 1e-10
     for mm, C in ((10, 3.0), (50, 40.0)):
-        ratio = float(V.inv_moment(2.0 * mm - 2.0, C, 1e6, 2.0))
+        ratio = float(hfunction.inv_moment(2.0 * mm - 2.0, C, 1e6, 2.0))
         assert abs(ratio / ((mm - 0.5) / C) - 1.0) < 1e-6
     eps = 1e-4
-    om = [float(V.omega(jnp.asarray(x))) for x in (0.0, eps * (1 - 1e-9), eps * (1 + 1e-9))]
+    om = [float(bound.omega(jnp.asarray(x))) for x in (0.0, eps * (1 - 1e-9), eps * (1 + 1e-9))]
     assert om[0] == 0.125 and abs(om[1] - om[2]) < 1e-12

@@ -12,6 +12,8 @@ tau, random effects b).
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -180,17 +182,18 @@ def test_the_default_stopping_rule_stops_at_the_optimum_not_on_a_plateau(name):
     relative.] The old loop (step <= 10, stop on a small change of L alone) stopped after 417 / 588 sweeps at
     gaps 7e-6 / 9e-6 relative; at n = 2000, m = 50 it stopped at -530.81 against an optimum of -527.63.
     Units: relative bound gap, sd of q(lam)."""
-    from inference import ssgp_vb as V
+    from inference.ssgp import problem, vb
     from zoo._validation import validate_data
 
     spec = zoo.get(name)
     data, _ = spec.default_data()
     hyper = spec.default_hyper
-    cfg, arr = V.setup(spec.inputs(validate_data(spec, data), hyper), hyper, V.LIKELIHOOD_OF[name])
-    st, info, conv = V.run(cfg, arr, max_iter=2000, tol=1e-7)
-    st_opt, _, conv_opt = V.run(cfg, arr, max_iter=2000, tol=1e-13)
-    assert conv and conv_opt
-    assert len(info.bound) < 60, len(info.bound)
+    cfg, arr = problem.setup(spec.inputs(validate_data(spec, data), hyper), hyper, problem.LIKELIHOOD_OF[name])
+    run = vb.run(cfg, arr, max_iter=2000, tol=1e-7)
+    run_opt = vb.run(cfg, arr, max_iter=2000, tol=1e-13)
+    st, st_opt = run.state, run_opt.state
+    assert run.converged and run_opt.converged
+    assert run.n_iter == len(run.info.objective) < 60, run.n_iter
     gap = (float(st_opt.bound) - float(st.bound)) / abs(float(st_opt.bound))
     assert gap < 1e-6, gap
     sd = np.sqrt(np.diag(np.asarray(st_opt.Sig_lam)))
@@ -218,12 +221,11 @@ def test_vb_predictive_rmse_is_within_15_percent_of_the_exact_gp_P1(lmm_test_set
     (sigma^2 RBF + tau^2 1[same group] + 100 intercept + gamma^2 delta, type-II ML, 3 restarts) is the
     oracle. RMSE_VB(m = 10) <= 1.15 RMSE_exact [ratios 0.94-0.97 over 3 seeds]. Unit: RMSE ratio."""
     from inference.gp_exact import fit_exact_gp, predict_exact_gp
-    from inference.ssgp_vb import predict
 
     data, truth = lmm_test_set
     test = truth["test"]
     tree = _vb_fit("ssgp_lmm")[2]
-    pv = predict(tree, test["X"], group=test["group"])
+    pv = inference.predict(tree, {"X": test["X"], "group": test["group"]})
     ex = fit_exact_gp(data["X"], data["y"], data["group"], restarts=3, seed=0)
     pe = predict_exact_gp(ex, test["X"], group=test["group"])
     rmse_vb = np.sqrt(np.mean((pv["mean"] - test["eta"]) ** 2))
@@ -236,25 +238,77 @@ def test_vb_90_percent_predictive_intervals_cover_noisy_targets_P2(lmm_test_set)
     interval lies in [0.80, 0.97] (unit: coverage fraction; 100 targets give a binomial sd of 0.03)."""
     from scipy.stats import norm
 
-    from inference.ssgp_vb import predict
-
     data, truth = lmm_test_set
     test = truth["test"]
     y = test["eta"] + truth["gamma"] * np.random.default_rng(7).standard_normal(len(test["eta"]))
-    pv = predict(_vb_fit("ssgp_lmm")[2], test["X"], group=test["group"])
+    pv = inference.predict(_vb_fit("ssgp_lmm")[2], {"X": test["X"], "group": test["group"]})
     half = norm.ppf(0.95) * np.sqrt(pv["y_var"])
     cover = np.mean(np.abs(y - pv["mean"]) <= half)
     assert 0.80 <= cover <= 0.97, cover
 
 
 def test_prediction_rejects_unknown_groups_and_wrong_input_width(lmm_test_set):
-    from inference.ssgp_vb import predict
-
     tree = _vb_fit("ssgp_lmm")[2]
     with pytest.raises(ValueError, match="group"):
-        predict(tree, np.array([[0.5]]), group=[10])
-    with pytest.raises(ValueError, match="X_new"):
-        predict(tree, np.array([[0.5, 0.5]]))
+        inference.predict(tree, {"X": np.array([[0.5]]), "group": [10]})
+    with pytest.raises(ValueError, match=r"\bX\b"):
+        inference.predict(tree, {"X": np.array([[0.5, 0.5]])})
+
+
+def _numpy_predictive_oracle(tree, train, X_new, group, likelihood):
+    """Means over the tree's draws of the feature-map regression, written out draw by draw in NumPy:
+    eta_s(x) = sum_r [a_r cos(t_r(x)^T lam_s) + b_r sin(t_r(x)^T lam_s)] + beta0_s + b_s[group] with
+    (a, b) = sigma_s alpha_raw_s / sqrt(m), t_r(x) = s_r * x on inputs scaled by the training min/max."""
+    from scipy.special import ndtr
+
+    post = tree["posterior"]
+    flat = lambda v: np.asarray(post[v].values).reshape(-1, *post[v].shape[2:])
+    lam, alpha_raw, sigma, beta0 = flat("lam"), flat("alpha_raw"), flat("sigma"), flat("beta0")
+    b = flat("b_raw") * flat("tau")[:, None, :]
+    lo, hi = train["X"].min(0), train["X"].max(0)
+    Xs = (np.asarray(X_new) - lo) / (hi - lo)
+    hyper = {**zoo.get(tree.attrs["model"]).default_hyper, **json.loads(tree.attrs["hyperparameters"])}
+    S = zoo.ssgp.spectral_points(hyper["m"], Xs.shape[1], hyper["spectral_seed"])
+    m = S.shape[0]
+    etas, fs = [], []
+    for s in range(len(sigma)):
+        Phi = np.array([[np.cos((S[r] * x) @ lam[s]) for r in range(m)] + [np.sin((S[r] * x) @ lam[s])
+                                                                           for r in range(m)] for x in Xs])
+        f = Phi @ (sigma[s] * alpha_raw[s] / np.sqrt(m))
+        re = np.array([b[s, g, 0] if g >= 0 else 0.0 for g in group])
+        fs.append(f)
+        etas.append(f + beta0[s] + re)
+    f, eta = np.array(fs), np.array(etas)
+    out = {"f_mean": f.mean(0), "f_var": f.var(0), "mean": eta.mean(0), "var": eta.var(0)}
+    if likelihood == "gaussian":
+        out["y_var"] = eta.var(0) + np.mean(flat("gamma") ** 2)
+    else:
+        out["prob"] = ndtr(eta).mean(0)
+    return out
+
+
+@pytest.mark.parametrize(("name", "method"), [("ssgp_lmm", "vb"), ("ssgp_probit", "vb"), ("ssgp_lmm", "nuts")])
+def test_predict_from_any_methods_tree_is_the_mean_over_draws_of_the_feature_map(name, method):
+    """``inference.predict`` on the module's VB trees (default data) and on a NUTS tree (tiny settings, m = 4)
+    equals the NumPy oracle above at known groups and at a new group (-1), to 1e-10 (unit: absolute, on O(1)
+    quantities)."""
+    if method == "vb":
+        data, tree = _vb_fit(name)[0], _vb_fit(name)[2]
+    else:
+        data = _small(name)
+        tree = inference.fit(name, data, "nuts", seed=0, m=4, num_warmup=10, num_samples=10, num_chains=1,
+                             progress=False)
+    X_new = np.array([[0.1], [0.5], [0.9], [0.3]]) * (data["X"].max() - data["X"].min()) + data["X"].min()
+    group = np.array([0, 1, 2, -1])
+    got = inference.predict(tree, {"X": X_new, "group": group})
+    want = _numpy_predictive_oracle(tree, data, X_new, group, problem_likelihood(name))
+    assert set(got) == set(want)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=0, atol=1e-10, err_msg=k)
+
+
+def problem_likelihood(name):
+    return {"ssgp_lmm": "gaussian", "ssgp_logit": "logit", "ssgp_probit": "probit"}[name]
 
 
 @pytest.mark.slow
@@ -263,7 +317,6 @@ def test_sparse_spectrum_rmse_approaches_the_exact_gp_as_m_grows(lmm_test_set):
     Claims (unit: RMSE ratio to the exact GP): the largest m is within 10% of the exact GP, and no larger m is
     worse than the smallest by more than 10% (the trend; single-seed RMSEs are noisy, hence 10%)."""
     from inference.gp_exact import fit_exact_gp, predict_exact_gp
-    from inference.ssgp_vb import predict
 
     data, truth = lmm_test_set
     test = truth["test"]
@@ -272,7 +325,7 @@ def test_sparse_spectrum_rmse_approaches_the_exact_gp_as_m_grows(lmm_test_set):
     ratios = []
     for m in (10, 25, 50, 100):
         tree = inference.fit("ssgp_lmm", data, "vb", seed=0, m=m, progress=False, num_samples=100)
-        pv = predict(tree, test["X"], group=test["group"])
+        pv = inference.predict(tree, {"X": test["X"], "group": test["group"]})
         ratios.append(np.sqrt(np.mean((pv["mean"] - test["eta"]) ** 2)) / rmse_ex)
     assert ratios[-1] <= 1.10, ratios
     assert max(ratios[1:]) <= 1.10 * ratios[0], ratios

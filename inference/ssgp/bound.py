@@ -1,0 +1,145 @@
+"""The weighted Gaussian pseudo-likelihood of the three models, the expectations of the scale factors and the
+complete lower bound (notes §3.1, §3.4).
+
+For all three models the expected log-likelihood in (alpha, beta, lam) is
+-1/2 sum_i w_i E_q[(yt_i - z_i^T alpha - a_i^T beta)^2] + const with
+
+=========  =====================  ================================================  =========================
+model      weight w_i             pseudo-response yt_i                              extra factor
+=========  =====================  ================================================  =========================
+LMM        E[gamma^-2]            y_i                                               q(gamma) via C_gamma
+probit     1                      E[y*_i] = mu_i + s_i phi(mu_i)/Phi(s_i mu_i)       q(y*_i) = TN(mu_i, 1)
+logit      2 omega(xi_i)          (y_i - 1/2) / (2 omega(xi_i))                      xi_i^2 = E[eta_i^2]
+=========  =====================  ================================================  =========================
+
+(s_i = 2 y_i - 1, mu_i = E[z_i]^T mu_alpha + a_i^T mu_beta, omega(xi) = tanh(xi/2)/(4 xi), Jaakkola-Jordan.)
+
+**The bound** (``lower_bound``) is: LMM, the ELBO on the model's space itself; probit, the ELBO on the
+Albert-Chib space (theta, y*) with the optimal q(y*_i) = TN(E_q eta_i, 1) truncated to y_i's side, below the
+model-space ELBO; logit, the Jaakkola-Jordan bound, which is exactly the ELBO on the Polya-Gamma space
+(theta, omega) with q(omega_i) = PG(1, xi_i) (E_q omega_i = tanh(xi_i/2)/(2 xi_i) = 2 omega(xi_i); Durante &
+Rigon 2019), also below the model-space ELBO. tests/test_log_q.py checks all three identities by Monte Carlo.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.scipy.linalg import cho_factor, cho_solve
+from jax.scipy.special import log_ndtr
+
+from inference.ssgp.hfunction import inv_moment, log_h
+
+LOG_2PI = math.log(2 * math.pi)
+
+
+def omega(xi):
+    """omega(xi) = tanh(xi/2) / (4 xi), continuous at 0 (series 1/8 - xi^2/96 for |xi| < 1e-4)."""
+    small = jnp.abs(xi) < 1e-4
+    safe = jnp.where(small, 1.0, xi)
+    return jnp.where(small, 0.125 - xi**2 / 96.0, jnp.tanh(safe / 2.0) / (4.0 * safe))
+
+
+def e_sigma_inv2(cfg, st):
+    return inv_moment(2.0 * cfg.m - 2.0, st.C_sig, cfg.A_sigma**2, 2.0)
+
+
+def e_gamma_inv2(cfg, st):
+    return inv_moment(cfg.n - 2.0, st.C_gam, cfg.A_gamma**2, 2.0)
+
+
+def e_tau_inv2(cfg, st):
+    return jax.vmap(lambda c: inv_moment(cfg.J - 2.0, c, cfg.A_tau**2, 2.0))(st.C_tau)
+
+
+def pseudo(cfg, data, st):
+    """(w, yt): the weighted Gaussian pseudo-likelihood of the current factors (notes §3.1)."""
+    if cfg.likelihood == "gaussian":
+        return data.mask * e_gamma_inv2(cfg, st), data.y
+    if cfg.likelihood == "probit":
+        mu = st.EZ @ st.mu_a + data.Af @ st.mu_b
+        sgn = 2.0 * data.y - 1.0
+        # inverse Mills ratio in log space (E9): s phi(mu) / Phi(s mu)
+        mills = sgn * jnp.exp(-0.5 * mu**2 - 0.5 * LOG_2PI - log_ndtr(sgn * mu))
+        return data.mask, mu + mills
+    om = omega(st.xi)
+    return data.mask * 2.0 * om, (data.y - 0.5) / (2.0 * om)
+
+
+def prior_prec_beta(cfg, data, st):
+    """Diagonal prior precision of beta: 1/var_fixed, 1/var_beta, E[tau_t^-2] (notes §2.6)."""
+    if cfg.T == 0:
+        return data.prec_fixed
+    return data.prec_fixed + data.re_term @ e_tau_inv2(cfg, st)
+
+
+def _logdet_spd(P):
+    return 2.0 * jnp.sum(jnp.log(jnp.diagonal(jnp.linalg.cholesky(P))))
+
+
+def inv_spd(P):
+    c = cho_factor(P, lower=True)
+    return cho_solve(c, jnp.eye(P.shape[0]))
+
+
+def eta_moments(cfg, data, st):
+    """Per observation: E[f_i] = E[z_i]^T mu_a, (A mu_b)_i, a_i^T (Sigma_b + mu_b mu_b^T) a_i and the
+    cross term E[z_i]^T Cov(alpha, beta) a_i; E[eta_i^2] = tr(E[z_i z_i^T] M) + 2 f re + 2 cross + aq."""
+    f = st.EZ @ st.mu_a
+    re = data.Af @ st.mu_b
+    aq = jnp.sum((data.Af @ st.Sig_b) * data.Af, axis=1) + re**2
+    cross = jnp.sum(st.EZ * (data.Af @ st.Sig_ab.T), axis=1)
+    return f, re, aq, cross
+
+
+def joint_cov(st):
+    """Cov of theta = (alpha, beta) under q: [[Sigma_a, Sigma_ab], [Sigma_ab^T, Sigma_b]]."""
+    return jnp.block([[st.Sig_a, st.Sig_ab], [st.Sig_ab.T, st.Sig_b]])
+
+
+def lower_bound(cfg, data, st):
+    """The complete lower bound (notes §3.4) at ``st``: exact for any state of the family, with the
+    E[.^-2](C - C_now) corrections when a C is not current (E14). Probit: at the optimal q(y*);
+    logit: the Jaakkola-Jordan bound at ``st.xi``."""
+    m, d = cfg.m, cfg.d
+    trM = jnp.trace(st.Sig_a) + st.mu_a @ st.mu_a
+    Es = e_sigma_inv2(cfg, st)
+    L = m * math.log(m) - m * LOG_2PI + math.log(2 * cfg.A_sigma / math.pi) + \
+        log_h(2.0 * m - 2.0, st.C_sig, cfg.A_sigma**2) + Es * (st.C_sig - 0.5 * m * trM)
+    dl = st.mu_lam - data.mu_lam0
+    L += 0.5 * (jnp.linalg.slogdet(data.P_lam0 @ st.Sig_lam)[1] + d - jnp.trace(data.P_lam0 @ st.Sig_lam)
+                - dl @ data.P_lam0 @ dl)
+    # beta part: random terms through q(tau_t), fixed ones with their Gaussian prior, entropy of q(beta)
+    eb2 = jnp.diagonal(st.Sig_b) + st.mu_b**2
+    fixed = data.prec_fixed > 0
+    pf = jnp.where(fixed, data.prec_fixed, 1.0)
+    L += jnp.sum(jnp.where(fixed, -0.5 * LOG_2PI + 0.5 * jnp.log(pf) - 0.5 * pf * eb2, 0.0))
+    if cfg.T > 0:
+        Et = e_tau_inv2(cfg, st)
+        ssq = data.re_term.T @ eb2
+        lh = jax.vmap(lambda c: log_h(cfg.J - 2.0, c, cfg.A_tau**2))(st.C_tau)
+        L += jnp.sum(-0.5 * cfg.J * LOG_2PI + math.log(2 * cfg.A_tau / math.pi) + lh + Et * (st.C_tau - 0.5 * ssq))
+    # entropy of q(alpha, beta) (= the notes' 1/2 log|Sigma_a| + m(1 + log 2 pi) + beta entropy when the
+    # factorisation is mean-field)
+    L += 0.5 * (2 * m + cfg.s) * (1.0 + LOG_2PI) + 0.5 * _logdet_spd(joint_cov(st))
+    # likelihood part
+    f, re, aq, cross = eta_moments(cfg, data, st)
+    mask = data.mask
+    Mmat = st.Sig_a + jnp.outer(st.mu_a, st.mu_a)
+    if cfg.likelihood == "logit":
+        eta2 = st.qz + 2.0 * (f * re + cross) + aq
+        om = omega(st.xi)
+        L += jnp.sum(mask * ((data.y - 0.5) * (f + re) - om * eta2 + st.xi / 2.0 - jax.nn.softplus(st.xi)
+                             + om * st.xi**2))
+        return L
+    sum_eta2 = jnp.sum(st.ZWZ * Mmat) + jnp.sum(mask * (2.0 * (f * re + cross) + aq))
+    mu = f + re
+    if cfg.likelihood == "probit":
+        sgn = 2.0 * data.y - 1.0
+        return L + jnp.sum(mask * log_ndtr(sgn * mu)) - 0.5 * (sum_eta2 - jnp.sum(mask * mu**2))
+    ssr = jnp.sum(mask * (data.y**2 - 2.0 * data.y * mu)) + sum_eta2
+    Eg = e_gamma_inv2(cfg, st)
+    return L - 0.5 * cfg.n * LOG_2PI + math.log(2 * cfg.A_gamma / math.pi) + \
+        log_h(cfg.n - 2.0, st.C_gam, cfg.A_gamma**2) + Eg * (st.C_gam - 0.5 * ssr)

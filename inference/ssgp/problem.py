@@ -1,0 +1,91 @@
+"""The static description (``Config``) and the arrays (``Data``, the kernel's ``problem``) of an ssgp VB fit,
+built from the model's inputs: the full design [1 | A | random effects] and the padding of the observations
+into chunks (notes §2.6, §3.7)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+MODELS = ("ssgp_lmm", "ssgp_logit", "ssgp_probit")
+LIKELIHOOD_OF = {"ssgp_lmm": "gaussian", "ssgp_logit": "logit", "ssgp_probit": "probit"}
+
+
+class Config(NamedTuple):
+    """Static (hashable) description of a fit: sizes, likelihood, prior scales, chunking."""
+    likelihood: str
+    n: int
+    m: int
+    d: int
+    s: int            # columns of the full design [1, A, random effects]
+    J: int            # groups (0: none)
+    T: int            # random-effect terms per group (0: none)
+    A_sigma: float
+    A_gamma: float
+    A_tau: float
+    chunk: int        # observations per chunk
+    n_chunks: int
+    factorisation: str = "joint"  # "joint": q(alpha, beta) one Gaussian block; "mean_field": q(alpha) q(beta)
+
+
+class Data(NamedTuple):
+    """Arrays, padded to n_chunks * chunk rows (``mask`` = 0 on padding)."""
+    X: jax.Array          # (Np, d) inputs scaled to [0, 1]
+    y: jax.Array          # (Np,)
+    mask: jax.Array       # (Np,)
+    Af: jax.Array         # (Np, s) full design: intercept, A, random-effect columns (group j, term t) at 1+sA+j*T+t
+    S: jax.Array          # (m, d) spectral points
+    prec_fixed: jax.Array  # (s,) prior precision of the non-random coefficients (0 for random ones)
+    re_term: jax.Array    # (s, T) one-hot term of each random coefficient (zero rows for fixed ones)
+    mu_lam0: jax.Array    # (d,)
+    P_lam0: jax.Array     # (d, d) prior precision of lam
+    AtA: jax.Array        # (s, s) A_f^T A_f over the real rows
+
+
+def design(inputs, hyper):
+    """Full design [1 | A | random effects] (n, s), prior precision of the fixed columns, term one-hots."""
+    X = np.asarray(inputs["X"])
+    n = X.shape[0]
+    cols = [np.ones((n, 1))]
+    prec = [1.0 / float(hyper["var_fixed"])]
+    if inputs.get("A") is not None:
+        cols.append(np.asarray(inputs["A"], dtype=np.float64))
+        prec += [1.0 / float(hyper["var_beta"])] * inputs["A"].shape[1]
+    J = T = 0
+    s_fixed = len(prec)
+    if inputs.get("group") is not None:
+        J, C = int(inputs["n_groups"]), np.asarray(inputs["C"])
+        T = C.shape[1]
+        R = np.zeros((n, J * T))
+        R[np.repeat(np.arange(n), T), (inputs["group"][:, None] * T + np.arange(T)).ravel()] = C.ravel()
+        cols.append(R)
+        prec += [0.0] * (J * T)
+    Af = np.concatenate(cols, axis=1)
+    re_term = np.zeros((Af.shape[1], T))
+    if T:
+        re_term[s_fixed + np.arange(J * T), np.tile(np.arange(T), J)] = 1.0
+    return Af, np.asarray(prec), re_term, J, T
+
+
+def setup(inputs, hyper, likelihood, chunk_size=None, factorisation="joint"):
+    """(Config, Data) from the model's keyword arguments (``spec.inputs(data, hyper)``)."""
+    X = np.asarray(inputs["X"], dtype=np.float64)
+    S = np.asarray(inputs["S"], dtype=np.float64)
+    n, d = X.shape
+    m = S.shape[0]
+    Af, prec, re_term, J, T = design(inputs, hyper)
+    chunk = int(chunk_size) if chunk_size else max(1, min(n, 2**18 // (m * m)))
+    n_chunks = -(-n // chunk)
+    pad = n_chunks * chunk - n
+    padr = lambda a: np.concatenate([a, np.zeros((pad, *a.shape[1:]))]) if pad else a
+    y = np.asarray(inputs["y"], dtype=np.float64)
+    cfg = Config(likelihood, n, m, d, Af.shape[1], J, T, float(hyper["A_sigma"]),
+                 float(hyper.get("A_gamma", 25.0)), float(hyper["A_tau"]), chunk, n_chunks, factorisation)
+    data = Data(X=jnp.asarray(padr(X)), y=jnp.asarray(padr(y)), mask=jnp.asarray(padr(np.ones(n))),
+                Af=jnp.asarray(padr(Af)), S=jnp.asarray(S), prec_fixed=jnp.asarray(prec),
+                re_term=jnp.asarray(re_term), mu_lam0=jnp.full(d, float(hyper["mu_lam0"])),
+                P_lam0=jnp.eye(d) / float(hyper["var_lam0"]), AtA=jnp.asarray(Af.T @ Af))
+    return cfg, data
