@@ -50,7 +50,6 @@ SPEC = zoo.ModelSpec(
     name="toy_normal", model=normal_model, simulate=simulate, paper="(test toy)",
     data_fields=(zoo.DataField("y", ("n",)),),
     hyperparameters={"mu0": zoo.Hyper(MU0, "any"), "tau0": zoo.Hyper(TAU0), "sigma": zoo.Hyper(SIGMA)},
-    methods=("nuts", "svi", "exact", "broken"),
 )
 
 
