@@ -31,7 +31,7 @@ from test_hostile_input import ALL_MODELS, ROOT, _tree, small_data, temporaries
 
 import inference
 import zoo
-from inference._methods import OPTION_CONSTRAINTS, get_method
+from inference._methods import get_method
 from inference._timing import Stopwatch
 
 FAST = settings(max_examples=300, deadline=None, derandomize=True, database=None,
@@ -91,8 +91,8 @@ METHODS = [(m, meth) for m in ALL_MODELS for meth in inference.methods_for(m)]
 HYPER_CASES = [(m, k, v) for m in ALL_MODELS for k, h in zoo.get(m).hyperparameters.items()
                for v in bad_values(h.constraint)]
 OPTION_CASES = [(m, meth, k, v) for m, meth in METHODS
-                for k in get_method(zoo.get(m), meth).options if k in OPTION_CONSTRAINTS
-                for v in bad_values(OPTION_CONSTRAINTS[k])]
+                for k, option in get_method(zoo.get(m), meth).declared.items()
+                for v in bad_values(option.constraint)]
 
 
 @FAST

@@ -119,6 +119,10 @@ class ModelSpec:
         fail an exact sampler (``diagnostics.scorecard``).
     method_options:
         per-method overrides of the generic option defaults (e.g. more NUTS warm-up for this model).
+    tiny_sizes, tiny_hyperparameters:
+        simulator sizes and hyperparameters of a tiny dataset (a fit of a few seconds) on which the contract
+        test (``tests/test_contract.py``) runs every registered method of the model, with each method's
+        ``Option.tiny`` values.
     demo_sizes, demo_options:
         simulator sizes and per-method options used by ``zoo compare`` / ``zoo demo`` (small enough
         for the demo's 10-minute budget on 2 cores, long enough that every exact sampler reaches its own
@@ -157,6 +161,8 @@ class ModelSpec:
     summaries: Callable[..., Any] | None = None
     bounded: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
     method_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    tiny_sizes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    tiny_hyperparameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     demo_sizes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     demo_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     reference_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -174,6 +180,10 @@ class ModelSpec:
         if self.model_inputs is not None:
             return self.model_inputs(dict(data), dict(hyper))
         return {**data, **hyper}
+
+    def tiny_data(self, seed: int = 0) -> tuple[dict, dict]:
+        """A tiny dataset (``tiny_sizes``) for contract tests."""
+        return self.simulate(seed, **self.tiny_sizes)
 
     def default_data(self, seed: int = 0) -> tuple[dict, dict]:
         """The simulator's default dataset (what ``zoo compare``/``zoo demo`` and references use)."""

@@ -477,6 +477,7 @@ SPEC = register(ModelSpec(
     coords=coords,
     summaries=summaries,
     method_options={"nuts": {"target_accept_prob": 0.9}},
+    tiny_sizes={"N": 30, "D": 5, "M": 2, "scales": (2.0, 1.0), "num_nodes": 3},
     demo_sizes={"N": 100, "D": 8, "M": 2, "scales": (3.0, 1.5), "sigma": 0.5, "num_nodes": 4},
     # NUTS long enough for R-hat < 1.01 and ESS >= 400 on every summary (issue 16). Measured: 500/500 gave R-hat
     # 1.043, ESS 75; dense mass 1000/4000 was worse and 90x slower (R-hat 1.021, ESS 34, 356 s); 1000/8000:

@@ -452,6 +452,7 @@ SPEC = register(ModelSpec(
     dims={"u": ["latent", "rank"], "H": ["output", "latent"], "sigma2": ["output"]},
     coords=coords, summaries=summaries, bounded={"p_on": (0.0, 1.0)},
     method_options={"nuts": {"target_accept_prob": 0.9}},
+    tiny_sizes={"setup": "square_wave", "n": 20},
     demo_sizes={"setup": "square_wave", "n": 60},
     # Exact samplers long enough for R-hat < 1.01 and ESS >= 400 on every summary (issue 16). Measured: NUTS
     # 300/300 gave R-hat 1.038, ESS 146; 500/3000: R-hat 1.002, min ESS 1918 (29 s). Gibbs 500/1000: R-hat 1.42,

@@ -403,6 +403,7 @@ SPEC = register(ModelSpec(
     # lives at the simplex boundary (Dir(beta psi_k) with beta psi_k ~ 1e-2) and NUTS diverges (seen: R-hat
     # 1.077, ESS 28, 4 divergences at 500/500). On this data 2 x (1000 + 2000) NUTS is healthy (R-hat 1.003,
     # bulk ESS 1143, 0 divergences on the summaries).
+    tiny_sizes={"n_agents": 4, "mean_entities": 2.0, "mean_events": 4.0},
     demo_sizes={"n_agents": 12, "mean_entities": 3.0, "mean_events": 10.0, "K": 3, "F": 3, "sigma": 0.5,
                 "psi": (1 / 3, 1 / 3, 1 / 3)},
     # Exact samplers long enough for R-hat < 1.01 and ESS >= 400 on every summary (issue 16; measured on the

@@ -377,6 +377,7 @@ SPEC = register(ModelSpec(
     summaries=summaries,
     bounded={"omega_sorted": (0.0, 1.0)},
     method_options={"nuts": {"target_accept_prob": 0.9}},
+    tiny_sizes={"N": 40, "N_test": 2}, tiny_hyperparameters={"K": 2, "q": 1},
     demo_sizes={"N": 200, "N_test": 200},
     # zoo compare/demo run on the T11 problem (the stored reference), every method on the same model.
     # NUTS 2 x 2000: R-hat 1.001, min ESS 2249 (300/300 gave ESS 329 < 400).
@@ -407,6 +408,7 @@ PPCA_SPEC = register(ModelSpec(
     coords=coords,
     summaries=summaries,
     method_options={"nuts": {"target_accept_prob": 0.9}},
+    tiny_sizes={"N": 30}, tiny_hyperparameters={"q": 1},
     demo_sizes={"N": 200},
     # NUTS 2 x 2000: R-hat 1.002, min ESS 1209 (300/300 gave R-hat 1.015, ESS 246).
     demo_options={"nuts": {"num_warmup": 500, "num_samples": 2000, "q": 2, "prior": "paper", "a0": 1.0, "b0": 1.0,

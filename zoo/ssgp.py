@@ -686,6 +686,7 @@ def _make_spec(name, likelihood, simulate, description, demo_sizes, reference_op
         model_inputs=lambda data, hyper, lik=likelihood: model_inputs(data, hyper, lik),
         check=check, dims=DIMS, coords=coords, summaries=summaries,
         method_options={"nuts": {"target_accept_prob": 0.95}},
+        tiny_sizes={"n_groups": 4, "per_group": 5}, tiny_hyperparameters={"m": 4},
         demo_sizes=demo_sizes,
         # NUTS 500/1500 (was 500/500: ESS 226-248, R-hat 1.012). Measured at 500/1000: ssgp_lmm R-hat 1.002, min
         # ESS 446 (160 s, 19 divergences); ssgp_logit R-hat 1.012, tail ESS 374 (90 s), hence 1500. ssgp_probit
