@@ -169,7 +169,8 @@ def fit(
 @app.command()
 def compare(
     model: Annotated[str, typer.Argument(help="Model name (see `zoo list`).")],
-    methods: Annotated[str, typer.Option(help="Comma-separated methods; default: all the model supports.")] = "",
+    methods: Annotated[str, typer.Option(
+        help="Comma-separated methods; default: every method of the model (`zoo show MODEL`).")] = "",
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path("zoo-compare"),
     seed: Annotated[int, typer.Option(help="Random seed for every fit.")] = 0,
     fresh: Annotated[bool, typer.Option(help="Refit even when a matching result exists in --out.")] = False,
