@@ -93,12 +93,13 @@ class Case:
 def exact_cases(only: Sequence[str] | None = None) -> list[Case]:
     """Every (model, sampler-kind method) of the registry, one case per Gibbs ``kernel`` the method offers."""
     import zoo
+    from inference import methods_for
     from inference._methods import get_method
 
     cases = []
     for name in zoo.list_models():
         spec = zoo.get(name)
-        for method in spec.methods:
+        for method in methods_for(spec):
             meth = get_method(spec, method)
             if meth.kind != "sampler":
                 continue
@@ -303,13 +304,12 @@ class MeanField:
     @classmethod
     def of_reference(cls, model: str) -> MeanField:
         """The candidates for ``model``'s stored reference (its data and hyperparameters, ``FOLDS[model]``)."""
-        import zoo
         from diagnostics import references
+        from inference.trees import problem_of
 
-        spec = zoo.get(model)
-        data, tag = references.reference_data(model)
+        _, tag = references.reference_data(model)
         tree = references.load(model, tag=tag)
-        hyper = spec.default_hyper | json.loads(tree.attrs.get("hyperparameters", "{}"))
+        spec, data, hyper = problem_of(tree)
         return cls(spec, data, hyper, tree, FOLDS[model](spec, hyper))
 
     def _unconstrain(self, draws: Mapping[str, np.ndarray]) -> np.ndarray:

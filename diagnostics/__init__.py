@@ -12,6 +12,8 @@ prior sensitivity.
 >>> diagnostics.sensitivity(ref)                                                  # power-scaling + k-hat
 >>> diagnostics.report("hlcr", {"reference": ref, "gibbs": tree_gibbs}, "out/hlcr")
 >>> diagnostics.report_index({"hlcr": "out/hlcr/report.html"}, "out")
+>>> from diagnostics.compare import compare_model, run_demo   # the pipeline of `zoo compare` / `zoo demo`
+>>> compare_model("hlcr", ["nuts", "gibbs"], "out")              # fit (or reuse), report, verdict lines
 """
 
 from zoo import _runtime  # noqa: F401  (JAX set-up and `import numpyro` before arviz)

@@ -21,8 +21,9 @@
 * ``mmd``: maximum mean discrepancy with a Gaussian kernel (bandwidth: median heuristic on the
   pooled standardised draws), unbiased estimate of MMD^2, reported as sqrt(max(MMD^2, 0)). ArviZ has
   no MMD (notes/posterior_quality.md 2.2).
-* ``final_bound``: the ELBO / bound at convergence (``elbo_final`` attribute, else the last finite
-  value of a per-iteration ``elbo``/``bound`` trace).
+* ``final_bound``: the objective at convergence (the tree's ``objective`` attribute, written by every
+  optimisation kernel through ``inference.Draws(objective=...)``, else the last finite value of a
+  per-iteration ``elbo``/``bound`` trace).
 """
 
 from __future__ import annotations
@@ -171,12 +172,13 @@ def joint_metrics(ref: dict[str, np.ndarray], cand: dict[str, np.ndarray], *, se
 
 
 def final_bound(tree: xr.DataTree) -> tuple[str | None, float]:
-    """(name, value) of the objective at convergence: the ``elbo_final`` attribute when the method set
-    one (SVI: mean of the last 5 % of steps), else the last finite value of a per-iteration trace
-    named like ``elbo``/``bound`` in ``sample_stats``; (None, nan) when there is none."""
-    if "elbo_final" in tree.attrs:
-        return "elbo", float(tree.attrs["elbo_final"])
+    """(name, value) of the objective at convergence: the tree's ``objective`` attribute when the method set
+    one (``inference.Draws.objective``; SVI: the mean ELBO of the last 5 % of steps), named like the method's
+    trace (``"objective"`` without one), else the last finite value of a per-iteration trace named like
+    ``elbo``/``bound`` in ``sample_stats``; (None, nan) when there is neither."""
     name, values = trace_of(tree)
+    if "objective" in tree.attrs:
+        return name or "objective", float(tree.attrs["objective"])
     if name is None:
         return None, float("nan")
     finite = values[np.isfinite(values)]

@@ -158,33 +158,26 @@ def _compared(spec: zoo.ModelSpec, arrays: Mapping[str, np.ndarray], data: dict,
     arrays = {k: (np.asarray(v)[None, None] if lead is None else np.asarray(v)) for k, v in arrays.items()}
     if spec.summaries is None:
         return arrays
-    from inference.trees import _dataset, site_dims, trace_model
+    from inference.trees import SAMPLE_DIMS, dataset, site_dims, trace_model
 
     trace = trace_model(spec, spec.inputs(data, hyper))
     dims = {k: site_dims(spec, trace, k, v.shape[2:]) for k, v in arrays.items()}
-    ds = _dataset(arrays, dims, {}, ("chain", "draw"))
+    ds = dataset(arrays, dims, {}, SAMPLE_DIMS)
     out = spec.summaries(ds, data, hyper)
     return {k: np.asarray(out[k].transpose("chain", "draw", ...).values) for k in out.data_vars}
 
 
 def _fit_draws(spec, method, data, hyper, options, seed):
-    """The method's posterior draws (no DataTree: SBC needs only the draws), validated as ``fit`` does."""
-    import jax
-
-    from inference._methods import FitContext, get_method, resolve_options
+    """The method's posterior draws (no DataTree: SBC needs only the draws), validated as ``fit`` does
+    (``inference.prepare``, then ``inference.run``)."""
+    import inference
     from inference.trees import check_finite
-    from zoo._validation import validate_data
 
-    meth = get_method(spec, method)
-    opts = resolve_options(spec, meth, {**options, "progress": False})
-    clean = validate_data(spec, data)
-    if spec.check is not None:
-        spec.check(clean, hyper)
-    ctx = FitContext(spec=spec, data=clean, hyper=hyper, options=opts, key=jax.random.key(seed), seed=seed)
-    draws = meth.run(ctx)
+    prepared = inference.prepare(spec, data, method, seed=seed, **hyper, **{**options, "progress": False})
+    draws = inference.run(prepared)
     posterior = {k: np.asarray(v) for k, v in draws.posterior.items()}
     check_finite("posterior", posterior, method)
-    return posterior, meth.kind
+    return posterior, prepared.method.kind
 
 
 def _auto_thin(draws: Mapping[str, np.ndarray]) -> int:
@@ -277,8 +270,8 @@ def run_simulations(name: str | zoo.ModelSpec, method: str, *, n_sims: int, seed
     """Run (or resume) ``n_sims`` simulations and return (directory, per-simulation records)."""
     from tqdm.auto import tqdm
 
+    from inference.api import resolve
     from inference.progress import progress_enabled
-    from zoo._validation import validate_hyper
 
     spec = zoo.get(name)
     if isinstance(n_sims, bool) or not isinstance(n_sims, int) or n_sims < 2:
@@ -289,14 +282,9 @@ def run_simulations(name: str | zoo.ModelSpec, method: str, *, n_sims: int, seed
         raise ValueError(f"simulator: expected 'auto', 'model' or 'spec', got {simulator!r}")
     if thin is not None and (not isinstance(thin, int) or thin < 1):
         raise ValueError(f"thin: expected a positive integer or None (automatic), got {thin!r}")
-    if method not in spec.methods:
-        raise ValueError(f"method: {spec.name!r} supports methods {list(spec.methods)}, got {method!r}")
     sizes = dict(spec.demo_sizes if sizes is None else sizes)
-    hyper = validate_hyper(spec, {k: v for k, v in options.items() if k in spec.hyperparameters})
+    _, _, hyper, _ = resolve(spec, method, {**options, "progress": False})  # a bad method or option fails now
     method_opts = {k: v for k, v in options.items() if k not in spec.hyperparameters}
-    from inference._methods import get_method, resolve_options
-
-    resolve_options(spec, get_method(spec, method), {**method_opts, "progress": False})  # bad options fail now
     args = {"model": spec.name, "method": method, "seed": seed, "sizes": sizes, "hyper": hyper,
             "options": method_opts, "thin": thin, "simulator": simulator,
             "var_names": None if var_names is None else list(var_names)}

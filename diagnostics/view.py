@@ -33,6 +33,7 @@ import xarray as xr
 
 import zoo
 from diagnostics.health import SAMPLE_DIMS, component_labels
+from inference.trees import problem_of
 
 FLOOR_FRACTION = 0.01  # absolute floor of a bounded quantity, as a fraction of its range (module scorecard)
 NUMERIC_FLOOR = 1e-9  # differences below 1e-9 x max(1, |reference mean|) are float noise, never a failure
@@ -47,21 +48,14 @@ def _spec_of(tree: xr.DataTree) -> zoo.ModelSpec | None:
         return None
 
 
-def _hyper_of(tree: xr.DataTree, spec: zoo.ModelSpec) -> dict:
-    hyper = spec.default_hyper
-    hyper.update(json.loads(tree.attrs.get("hyperparameters", "{}")))
-    return hyper
-
-
 def compared_posterior(tree: xr.DataTree, spec: zoo.ModelSpec | None = None) -> xr.Dataset:
-    """The dataset a scorecard compares: the label-invariant summaries for mixtures, else the posterior."""
+    """The dataset a scorecard compares: the label-invariant summaries for mixtures (of the data and
+    hyperparameters the tree was fitted with, ``inference.trees.problem_of``), else the posterior."""
     spec = spec or _spec_of(tree)
     post = tree["posterior"].to_dataset()
     if spec is not None and spec.summaries is not None:
-        data = {k: v.values for k, v in tree["observed_data"].to_dataset().items()}
-        if "constant_data" in tree.children:
-            data.update({k: v.values for k, v in tree["constant_data"].to_dataset().items()})
-        return spec.summaries(post, data, _hyper_of(tree, spec))
+        _, data, hyper = problem_of(tree)
+        return spec.summaries(post, data, hyper)
     return post
 
 

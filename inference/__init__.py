@@ -10,12 +10,13 @@ hand-written kernels, each returning an ArviZ ``xarray.DataTree``.
 from zoo import _runtime  # noqa: F401  (JAX set-up and `import numpyro` before arviz)
 
 # isort: split
-from inference._methods import Draws, FitContext, available_methods, register_method
-from inference.api import fit
+from inference._methods import Draws, FitContext, Option, available_methods, methods_for, register_method
+from inference.api import Prepared, build, fit, fit_prepared, prepare, run
 from inference.io import load, save
 from inference.mppca.merge import merge_mppca
 from inference.predict import predict, register_predictor
 from inference.trees import NonFiniteError, build_tree, log_densities
 
-__all__ = ["Draws", "FitContext", "NonFiniteError", "available_methods", "build_tree", "fit", "load",
-           "log_densities", "merge_mppca", "predict", "register_method", "register_predictor", "save"]
+__all__ = ["Draws", "FitContext", "NonFiniteError", "Option", "Prepared", "available_methods", "build", "build_tree",
+           "fit", "fit_prepared", "load", "log_densities", "merge_mppca", "methods_for", "predict", "prepare",
+           "register_method", "register_predictor", "run", "save"]

@@ -6,7 +6,3 @@ from numpyro.infer import init_to_median, init_to_sample, init_to_uniform
 # Gamma(0.001, 0.001) precision has median ~1e-300: "median" starts SVI with an infinite noise variance).
 INIT_STRATEGIES = {"prior": init_to_sample, "median": init_to_median, "uniform": init_to_uniform}
 
-
-def check_init(init) -> None:
-    if init not in INIT_STRATEGIES:
-        raise ValueError(f"init: expected one of {sorted(INIT_STRATEGIES)}, got {init!r}")

@@ -2,14 +2,21 @@
 
 A method is a function ``run(ctx: FitContext) -> Draws``. Generic methods (``nuts``, ``svi``) work
 on any model; a kernel registers for the models it implements
-(``@register_method("gibbs", models=("hlcr",), options={...})``). Kernel modules are listed in
-``KERNEL_MODULES`` and imported on first use.
+(``@register_method("gibbs", models=("hlcr",), options={...})``). The registry is the one source of truth
+for which methods serve which model (``methods_for``): a model lists no methods of its own.
+
+Kernels are found without a list: on first use every module of every paper package ``inference/<paper>/``
+is imported (``GENERIC_PACKAGES`` such as ``distributed`` excepted), so adding a kernel module touches no
+registry. A package's ``__init__`` may import its algorithm modules to fix the order in which the model's
+methods are listed; the others follow in alphabetical order.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
+import pkgutil
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -85,25 +92,9 @@ OPTION_CONSTRAINTS: dict[str, str] = {
     "leave_own_out": "bool",
 }
 
-KERNEL_MODULES: tuple[str, ...] = (
-    "inference.hlcr.gibbs",
-    "inference.hlcr.vb",
-    "inference.hlcr.fedgibbs",
-    "inference.hlcr.fedvb",
-    "inference.hlcr.predict",
-    "inference.mppca.vbem",
-    "inference.mppca.em",
-    "inference.mppca.baselines",
-    "inference.ssgp.vb",
-    "inference.ssgp.predict",
-    "inference.gp_alps.vbem",
-    "inference.gp_alps.gibbs",
-    "inference.gp_alps.svi",
-    "inference.gp_alps.predict",
-    "inference.bpca.vbem",
-    "inference.bpca.badmm",
-    "inference.bpca.dppca",
-)
+GENERIC_METHOD_MODULES: tuple[str, ...] = ("inference.nuts", "inference.svi")
+# Sub-packages of ``inference`` that hold shared machinery, not a paper's kernels.
+GENERIC_PACKAGES: frozenset[str] = frozenset({"distributed"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,24 +211,51 @@ def register_method(name: str, *, kind: MethodKind, options: Mapping[str, Option
     return deco
 
 
+def kernel_modules() -> list[str]:
+    """Every module of every paper package ``inference/<paper>/``: each package is imported first (its
+    ``__init__`` imports its method modules in the paper's order, which is the order ``methods_for`` lists
+    them in), then the walk finds every other module."""
+    import inference
+
+    found = []
+    for pkg in pkgutil.iter_modules(inference.__path__):
+        if not pkg.ispkg or pkg.name in GENERIC_PACKAGES or pkg.name.startswith("_"):
+            continue
+        package = importlib.import_module(f"inference.{pkg.name}")
+        found.append(package.__name__)
+        found += [m.name for m in pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}.")
+                  if not m.name.rsplit(".", 1)[-1].startswith("__")]
+    return found
+
+
 def _load_kernels() -> None:
     global _loaded
     if _loaded:
         return
     _loaded = True
-    for module in ("inference.nuts", "inference.svi", *KERNEL_MODULES):
+    for module in GENERIC_METHOD_MODULES:
         importlib.import_module(module)
+    for module in kernel_modules():
+        importlib.import_module(module)
+
+
+def methods_for(model: ModelSpec | str) -> list[str]:
+    """The methods ``inference.fit`` accepts for ``model`` (a ``ModelSpec`` or a registered name): the generic
+    methods (``nuts``, ``svi``), then the kernels registered for the model, in registration order."""
+    import zoo
+
+    name = zoo.get(model).name
+    _load_kernels()
+    generic = [m for (owner, m) in _METHODS if owner is None]
+    return generic + [m for (owner, m) in _METHODS if owner == name and m not in generic]
 
 
 def get_method(spec: ModelSpec, name: str) -> Method:
     """The method ``name`` for ``spec``, or a ``ValueError`` naming the methods it supports."""
     _load_kernels()
-    if not isinstance(name, str) or name not in spec.methods:
-        raise ValueError(f"method: {spec.name!r} supports methods {list(spec.methods)}, got {name!r}")
-    method = _METHODS.get((spec.name, name)) or _METHODS.get((None, name))
+    method = _METHODS.get((spec.name, name)) or _METHODS.get((None, name)) if isinstance(name, str) else None
     if method is None:
-        raise ValueError(f"method: {name!r} is listed for {spec.name!r} but no implementation is "
-                         f"registered (known: {sorted({m for _, m in _METHODS})})")
+        raise ValueError(f"method: {spec.name!r} supports methods {methods_for(spec)}, got {name!r}")
     return method
 
 

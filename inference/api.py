@@ -1,7 +1,21 @@
-"""``inference.fit``: the one entry point for every (model, method) pair."""
+"""``inference.fit``: the one entry point for every (model, method) pair, and its three stages.
+
+``fit = build . run . prepare``:
+
+* ``prepare(model, data, method, seed=, **options) -> Prepared``: every check (model, method, seed,
+  hyperparameters, options, data, the model's own check), before anything compiles; holds the method and
+  its ``FitContext``;
+* ``run(prepared) -> Draws``: runs the method (the compiled part);
+* ``build(prepared, draws) -> DataTree``: the ArviZ tree (log densities at every draw, data, attrs).
+
+Callers that need only the draws (simulation-based calibration) or that validate every fit before a long
+job (the comparison pipeline, then ``fit_prepared``) use the stages; everyone else calls ``fit``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -9,10 +23,65 @@ import numpy as np
 import xarray as xr
 
 import zoo
-from inference._methods import FitContext, get_method, resolve_options
+from inference._methods import Draws, FitContext, Method, get_method, resolve_options
 from inference._timing import Stopwatch
 from inference.trees import build_tree, non_finite_as_error
 from zoo._validation import validate_data, validate_hyper
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A validated fit, ready to run: the method and the context it runs on."""
+
+    method: Method
+    context: FitContext
+
+    @property
+    def name(self) -> str:
+        return self.method.name
+
+
+def resolve(model: str | zoo.ModelSpec, method: str, options: Mapping[str, Any]
+            ) -> tuple[zoo.ModelSpec, Method, dict[str, Any], dict[str, Any]]:
+    """(spec, method, hyperparameters, method options) for ``options`` (hyperparameters and method options
+    mixed, as ``fit`` takes them), every value checked; a ``ValueError`` naming the first bad one. The checks of
+    ``prepare`` that need no data."""
+    spec = zoo.get(model)
+    meth = get_method(spec, method)
+    hyper = validate_hyper(spec, {k: v for k, v in options.items() if k in spec.hyperparameters})
+    opts = resolve_options(spec, meth, {k: v for k, v in options.items() if k not in spec.hyperparameters})
+    return spec, meth, hyper, opts
+
+
+def prepare(model: str | zoo.ModelSpec, data: dict, method: str, *, seed: int, **options: Any) -> Prepared:
+    """Validate a fit (arguments as for ``fit``) before anything compiles; ``ValueError`` on the first bad
+    argument, named."""
+    get_method(zoo.get(model), method)  # the checks in fit's order: model, method, seed, hyper, options, data
+    seed = check_seed(seed)
+    spec, meth, hyper, opts = resolve(model, method, options)
+    clean = validate_data(spec, data)
+    if spec.check is not None:
+        spec.check(clean, hyper)
+    ctx = FitContext(spec=spec, data=clean, hyper=hyper, options=opts, key=jax.random.key(seed), seed=seed)
+    return Prepared(meth, ctx)
+
+
+def run(prepared: Prepared) -> Draws:
+    """Run the prepared method to completion (blocks until its draws are computed); every non-finite blow-up
+    is one ``NonFiniteError``."""
+    with non_finite_as_error(prepared.name):
+        draws = prepared.method.run(prepared.context)
+        jax.block_until_ready(draws.posterior)
+    return draws
+
+
+def build(prepared: Prepared, draws: Draws, *, compile_seconds: float = 0.0, run_seconds: float = 0.0
+          ) -> xr.DataTree:
+    """The DataTree of ``draws`` (``inference.trees.build_tree``) with the prepared fit's data and attrs."""
+    ctx = prepared.context
+    with non_finite_as_error(prepared.name):
+        return build_tree(ctx.spec, ctx.data, ctx.hyper, draws, method=prepared.name, seed=ctx.seed,
+                          options=ctx.options, compile_seconds=compile_seconds, run_seconds=run_seconds)
 
 
 def fit(model: str | zoo.ModelSpec, data: dict, method: str, *, seed: int, **options: Any) -> xr.DataTree:
@@ -22,7 +91,7 @@ def fit(model: str | zoo.ModelSpec, data: dict, method: str, *, seed: int, **opt
     ----------
     model:   a registered name (``zoo.list_models()``) or a ``zoo.ModelSpec``.
     data:    dict of arrays following the model's data contract (``zoo.get(model).data_fields``).
-    method:  ``"nuts"``, ``"svi"`` or one of the model's hand-written kernels (``spec.methods``).
+    method:  ``"nuts"``, ``"svi"`` or one of the model's hand-written kernels (``inference.methods_for(model)``).
     seed:    integer seed; the same seed and options give identical draws.
     options: the model's hyperparameters (``spec.hyperparameters``) and the method's options.
              Shared names: ``num_warmup``, ``num_samples``, ``num_chains`` (samplers; Gibbs counts
@@ -38,25 +107,18 @@ def fit(model: str | zoo.ModelSpec, data: dict, method: str, *, seed: int, **opt
 
     Raises
     ------
-    ValueError: bad model/method/option/hyperparameter/data, before any compilation.
+    ValueError: bad model/method/option/hyperparameter/data, before any compilation (``prepare``).
     inference.NonFiniteError: the fit hit NaN/inf (draws, log densities, a kernel's floating-point
         error or NumPyro rejecting a non-finite parameter), with the method, the variable and advice.
     """
-    spec = zoo.get(model)
-    meth = get_method(spec, method)
-    seed = check_seed(seed)
-    hyper = validate_hyper(spec, {k: v for k, v in options.items() if k in spec.hyperparameters})
-    opts = resolve_options(spec, meth, {k: v for k, v in options.items() if k not in spec.hyperparameters})
-    clean = validate_data(spec, data)
-    if spec.check is not None:
-        spec.check(clean, hyper)
-    ctx = FitContext(spec=spec, data=clean, hyper=hyper, options=opts, key=jax.random.key(seed), seed=seed)
-    with non_finite_as_error(method):
-        with Stopwatch() as watch:
-            draws = meth.run(ctx)
-            jax.block_until_ready(draws.posterior)
-        return build_tree(spec, clean, hyper, draws, method=method, seed=seed, options=opts,
-                          compile_seconds=watch.compile_seconds, run_seconds=watch.run_seconds)
+    return fit_prepared(prepare(model, data, method, seed=seed, **options))
+
+
+def fit_prepared(prepared: Prepared) -> xr.DataTree:
+    """``run`` then ``build`` a prepared fit, its compile and run seconds measured (``inference._timing``)."""
+    with Stopwatch() as watch:
+        draws = run(prepared)
+    return build(prepared, draws, compile_seconds=watch.compile_seconds, run_seconds=watch.run_seconds)
 
 
 MAX_SEED = 2**63 - 1

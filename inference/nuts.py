@@ -19,19 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.infer import MCMC, NUTS
 
-from inference._init_strategies import INIT_STRATEGIES, check_init
-from inference._methods import Draws, FitContext, register_method
+from inference._init_strategies import INIT_STRATEGIES
+from inference._methods import Draws, FitContext, Option, register_method
 from inference.progress import progress_enabled
-
-
-def _check(options: dict) -> None:
-    check_init(options["init"])
-    if not 0 < options["target_accept_prob"] < 1:
-        raise ValueError(f"target_accept_prob: expected a number in (0, 1), got {options['target_accept_prob']!r}")
-    if not isinstance(options["max_tree_depth"], int) or options["max_tree_depth"] < 1:
-        raise ValueError(f"max_tree_depth: expected a positive integer, got {options['max_tree_depth']!r}")
-    if not isinstance(options["reformulate"], bool):
-        raise ValueError(f"reformulate: expected True or False, got {options['reformulate']!r}")
 
 
 def chain_method(num_chains: int) -> str:
@@ -40,10 +30,22 @@ def chain_method(num_chains: int) -> str:
     return "parallel" if jax.local_device_count() >= num_chains else "sequential"
 
 
-@register_method("nuts", kind="sampler", check=_check, options={
-    "num_warmup": 1000, "num_samples": 1000, "num_chains": 2, "thinning": 1, "dense_mass": False,
-    "target_accept_prob": 0.8, "max_tree_depth": 10, "init": "prior", "reformulate": True,
-})
+OPTIONS = {
+    "num_warmup": Option(1000, "nonnegative_int", "warm-up (adaptation) iterations per chain, discarded", tiny=50),
+    "num_samples": Option(1000, "positive_int", "draws kept per chain (after thinning)", tiny=50),
+    "num_chains": Option(2, "positive_int", "independent chains (in parallel when there are enough devices)",
+                         tiny=1),
+    "thinning": Option(1, "positive_int", "keep every thinning-th draw"),
+    "dense_mass": Option(False, "bool", "adapt a dense mass matrix instead of a diagonal one"),
+    "target_accept_prob": Option(0.8, "open_unit_interval", "step-size adaptation target acceptance rate"),
+    "max_tree_depth": Option(10, "positive_int", "at most 2**max_tree_depth leapfrog steps per iteration"),
+    "init": Option("prior", "string", "initial point: a prior draw, the prior median, or uniform in (-2, 2) "
+                   "unconstrained", choices=tuple(INIT_STRATEGIES)),
+    "reformulate": Option(True, "bool", "sample the spec's exact nuts_reformulation where it applies"),
+}
+
+
+@register_method("nuts", kind="sampler", options=OPTIONS)
 def run_nuts(ctx: FitContext) -> Draws:
     """No-U-Turn sampler on the model's log density (Hoffman & Gelman 2014; NumPyro's implementation)."""
     o = ctx.options

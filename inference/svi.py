@@ -8,7 +8,7 @@ are then unused). Adam (optax) with ``learning_rate``;
 from the fitted guide, and ``log_q`` (the guide's log density at each draw, in the model's
 constrained space) is stored with them so PSIS k-hat can be computed (Yao et al. 2018). The fitted guide's
 parameters are stored in group ``variational``. There is no closed-form bound: the ``elbo`` trace holds the
-``num_particles``-sample estimate at each step, and ``elbo_final`` the mean of its last 5 %.
+``num_particles``-sample estimate at each step, and the tree's ``objective`` attribute the mean of its last 5 %.
 """
 
 from __future__ import annotations
@@ -22,20 +22,18 @@ from numpyro import handlers
 from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoLowRankMultivariateNormal, AutoMultivariateNormal, AutoNormal
 
-from inference._init_strategies import INIT_STRATEGIES, check_init
-from inference._methods import Draws, FitContext, register_method
+from inference._init_strategies import INIT_STRATEGIES
+from inference._methods import Draws, FitContext, Option, register_method
 from inference.progress import progress_enabled
 
 _GUIDES = ("normal", "lowrank", "mvn")
 
 
 def _check(options: dict) -> None:
+    """``guide`` is one of ``_GUIDES`` or a callable (not a plain choice, so it is checked here)."""
     if not callable(options["guide"]) and options["guide"] not in _GUIDES:
         raise ValueError(f"guide: expected one of {list(_GUIDES)} or a NumPyro guide function, "
                          f"got {options['guide']!r}")
-    check_init(options["init"])
-    if options["rank"] is not None and (not isinstance(options["rank"], int) or options["rank"] < 1):
-        raise ValueError(f"rank: expected a positive integer or None, got {options['rank']!r}")
 
 
 def make_guide(model, kind, init: str = "median", rank: int | None = None):
@@ -84,10 +82,18 @@ def params_dataset(params) -> xr.Dataset:
     return xr.Dataset({k: ([f"{k}_dim_{i}" for i in range(v.ndim)], v) for k, v in arrays.items()})
 
 
-@register_method("svi", kind="variational", check=_check, options={
-    "guide": "normal", "num_steps": 5000, "learning_rate": 1e-2, "num_particles": 1, "num_samples": 1000,
-    "rank": None, "init": "median",
-})
+OPTIONS = {
+    "guide": Option("normal", "any", f"autoguide, one of {list(_GUIDES)}, or a NumPyro guide function"),
+    "num_steps": Option(5000, "positive_int", "Adam steps", tiny=200),
+    "learning_rate": Option(1e-2, "positive", "Adam step size"),
+    "num_particles": Option(1, "positive_int", "Monte Carlo samples per ELBO gradient estimate"),
+    "num_samples": Option(1000, "positive_int", "draws taken from the fitted guide", tiny=50),
+    "rank": Option(None, "positive_int|None", "rank of the lowrank guide (None: NumPyro's default)"),
+    "init": Option("median", "string", "initial point of the guide's location", choices=tuple(INIT_STRATEGIES)),
+}
+
+
+@register_method("svi", kind="variational", check=_check, options=OPTIONS)
 def run_svi(ctx: FitContext) -> Draws:
     """Stochastic variational inference (Hoffman et al. 2013) with a NumPyro autoguide and Adam."""
     o = ctx.options
@@ -98,6 +104,7 @@ def run_svi(ctx: FitContext) -> Draws:
                      **ctx.model_kwargs)
     draws, log_q = guide_draws(guide, result.params, k_draw, o["num_samples"], ctx.model_kwargs)
     posterior = {k: np.asarray(v)[None] for k, v in draws.items()}
+    elbo = -np.asarray(result.losses)
     return Draws(posterior=posterior, sample_stats={"log_q": np.asarray(log_q)[None]},
-                 traces={"elbo": -np.asarray(result.losses)}, groups={"variational": params_dataset(result.params)},
-                 attrs={"elbo_final": float(-np.mean(np.asarray(result.losses)[-max(1, o["num_steps"] // 20):]))})
+                 traces={"elbo": elbo}, groups={"variational": params_dataset(result.params)},
+                 objective=float(np.mean(elbo[-max(1, o["num_steps"] // 20):])), n_iter=o["num_steps"])

@@ -137,8 +137,11 @@ def log_densities(spec: ModelSpec, model_kwargs: Mapping[str, Any], posterior: M
     return unflat(prior), unflat(lik)
 
 
-def _dataset(arrays: Mapping[str, Any], dims: Mapping[str, list[str]], coords: Mapping[str, Any],
-             lead: tuple[str, ...]) -> xr.Dataset:
+def dataset(arrays: Mapping[str, Any], dims: Mapping[str, list[str]], coords: Mapping[str, Any],
+            lead: tuple[str, ...]) -> xr.Dataset:
+    """An ``xarray.Dataset`` of ``arrays`` whose leading axes are named ``lead`` (e.g. ``("chain", "draw")``)
+    and the rest ``dims[name]`` (default ``<name>_dim_<i>``); ``coords`` label the axes they fit; bools are
+    stored as int8 (netCDF has no bool)."""
     variables = {}
     for name, arr in arrays.items():
         arr = np.asarray(arr)
@@ -209,19 +212,19 @@ def build_tree(spec: ModelSpec, data: Mapping[str, np.ndarray], hyper: Mapping[s
 
     all_coords = {**sample_coords, **coords}
     groups = {
-        "posterior": _dataset(posterior, dims, all_coords, SAMPLE_DIMS),
-        "log_likelihood": _dataset(log_lik, lik_dims, all_coords, SAMPLE_DIMS),
-        "log_prior": _dataset(log_prior, {}, all_coords, SAMPLE_DIMS),
+        "posterior": dataset(posterior, dims, all_coords, SAMPLE_DIMS),
+        "log_likelihood": dataset(log_lik, lik_dims, all_coords, SAMPLE_DIMS),
+        "log_prior": dataset(log_prior, {}, all_coords, SAMPLE_DIMS),
     }
-    stats = _dataset(draws.sample_stats, draws.dims, all_coords, SAMPLE_DIMS)
+    stats = dataset(draws.sample_stats, draws.dims, all_coords, SAMPLE_DIMS)
     trace_dims = {k: draws.dims.get(k, ["iteration"] + [f"{k}_dim_{i}" for i in range(np.ndim(v) - 1)])
                   for k, v in draws.traces.items()}
-    groups["sample_stats"] = xr.merge([stats, _dataset(draws.traces, trace_dims, all_coords, ())])
+    groups["sample_stats"] = xr.merge([stats, dataset(draws.traces, trace_dims, all_coords, ())])
 
     observed = spec.observed_fields if spec.observed_fields is not None else tuple(
         k for k in spec.likelihood_sites if k in data)
-    groups["observed_data"] = _dataset({k: data[k] for k in observed if k in data}, field_dims, coords, ())
-    groups["constant_data"] = _dataset({k: v for k, v in data.items() if k not in observed}, field_dims,
+    groups["observed_data"] = dataset({k: data[k] for k in observed if k in data}, field_dims, coords, ())
+    groups["constant_data"] = dataset({k: v for k, v in data.items() if k not in observed}, field_dims,
                                        coords, ())
     for name, ds in draws.groups.items():
         groups[name] = ds

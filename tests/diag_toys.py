@@ -62,7 +62,6 @@ NORMAL = zoo.ModelSpec(
     name="dq_normal", model=normal_model, simulate=normal_simulate, paper="(diagnostics test toy)",
     data_fields=(zoo.DataField("y", ("n",)),),
     hyperparameters={"mu0": zoo.Hyper(0.0, "any"), "tau0": zoo.Hyper(1.0), "sigma": zoo.Hyper(2.0)},
-    methods=("nuts", "svi", "exact", "noprior", "doubleprior", "shifted", "narrow", "exact_q", "point", "ar1"),
     demo_sizes={"n": 4},
     demo_options={"nuts": {"num_warmup": 300, "num_samples": 500}, "svi": {"num_steps": 1500}},
 )
@@ -87,7 +86,6 @@ BETA = zoo.ModelSpec(
     name="dq_beta", model=beta_model, simulate=beta_simulate, paper="(diagnostics test toy)",
     data_fields=(zoo.DataField("y", ("n",), kind="binary"),),
     hyperparameters={"a": zoo.Hyper(20.0), "b": zoo.Hyper(20.0)},
-    methods=("nuts", "exact", "noprior"),
     demo_sizes={"n": 10},
 )
 
@@ -122,7 +120,6 @@ LINREG = zoo.ModelSpec(
     name="dq_linreg", model=linreg_model, simulate=linreg_simulate, paper="(diagnostics test toy)",
     data_fields=(zoo.DataField("X", ("n", 2)), zoo.DataField("y", ("n",))),
     hyperparameters={"s0": zoo.Hyper(3.0), "sigma": zoo.Hyper(1.0)},
-    methods=("nuts", "svi", "exact", "exact_q", "meanfield", "shifted", "narrow", "point", "ar1"),
     demo_sizes={"n": 40},
     demo_options={"nuts": {"num_warmup": 300, "num_samples": 500}, "svi": {"num_steps": 1500},
                   "exact": {"num_samples": 2000, "num_chains": 2}},

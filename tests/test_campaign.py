@@ -64,7 +64,7 @@ def _models():
 
 
 def _pairs():
-    return [(m, meth) for m in _models() for meth in zoo.get(m).methods]
+    return [(m, meth) for m in _models() for meth in inference.methods_for(m)]
 
 
 def _opts(model, method):
@@ -108,7 +108,7 @@ def campaign_invalid():
             findings.append((label, f"{sw.compile_events} compile events before the error"))
 
     for model, key, value in HYPER_CASES:
-        for method in zoo.get(model).methods:
+        for method in inference.methods_for(model):
             probe(f"{model}/{method} {key}={value!r}", key, model, small_data(model), method,
                   **{**_opts(model, method), key: value})
     for model, method, key, value in OPTION_CASES:
@@ -116,7 +116,7 @@ def campaign_invalid():
               **{**_opts(model, method), key: value})
     rng = np.random.default_rng(0)
     for model, field, label, mutate in DATA_CASES:
-        for method in zoo.get(model).methods:
+        for method in inference.methods_for(model):
             data = small_data(model)
             data[field] = mutate(data[field], rng)
             probe(f"{model}/{method} data[{field!r}] {label}", f"'{field}'", model, data, method,
@@ -235,7 +235,7 @@ def test_campaign_default_hyperparameters_fit_with_nuts_and_svi():
 def campaign_cli(tmp: Path):
     from typer.testing import CliRunner
 
-    from zoo.cli import app
+    from zoo_cli import app
 
     runner = CliRunner()
     (tmp / "text.npz").write_text("hello")

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 import inference
 import zoo
-from zoo.cli import app
+from zoo_cli import app
 
 runner = CliRunner()
 

@@ -24,8 +24,7 @@ N_CHECKED_DRAWS = 3
 
 
 def methods_of(model: str) -> list[str]:
-    methods = getattr(inference, "methods_for", None)
-    return list(methods(model)) if methods else list(zoo.get(model).methods)
+    return inference.methods_for(model)
 
 
 def tiny_options(model: str, method: str) -> dict:

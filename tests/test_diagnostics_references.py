@@ -21,7 +21,7 @@ import inference
 import zoo
 from diagnostics import references
 from diagnostics.health import Z_MAX, mcmc_health
-from zoo.cli import app
+from zoo_cli import app
 
 REFERENCE_FILES = sorted(references.REFERENCE_DIR.glob("*.nc"))
 

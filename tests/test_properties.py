@@ -81,7 +81,7 @@ def assert_rejected_before_compiling(call, match):
     assert sw.compile_events == 0, f"{sw.compile_events} JAX compile events before the ValueError"
 
 
-METHODS = [(m, meth) for m in ALL_MODELS for meth in zoo.get(m).methods]
+METHODS = [(m, meth) for m in ALL_MODELS for meth in inference.methods_for(m)]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -99,7 +99,7 @@ OPTION_CASES = [(m, meth, k, v) for m, meth in METHODS
 @given(case=st.sampled_from(HYPER_CASES), method_index=st.integers(0, 10))
 def test_an_invalid_hyperparameter_is_rejected_by_name_before_compiling(case, method_index):
     name, key, value = case
-    methods = zoo.get(name).methods
+    methods = inference.methods_for(name)
     data = small_data(name)
     assert_rejected_before_compiling(
         lambda: inference.fit(name, data, methods[method_index % len(methods)], seed=0, **{key: value}),
@@ -177,7 +177,7 @@ def test_an_invalid_data_field_is_rejected_by_name_before_compiling(case, method
     if field not in data:
         data[field] = np.zeros(len(next(iter(data.values()))), np.int64)   # optional field: add a valid one first
     data[field] = mutate(data[field], np.random.default_rng(salt))
-    methods = zoo.get(name).methods
+    methods = inference.methods_for(name)
     assert_rejected_before_compiling(
         lambda: inference.fit(name, data, methods[method_index % len(methods)], seed=0),
         rf"^data.*'{field}'")
@@ -190,7 +190,7 @@ def test_an_invalid_data_field_is_rejected_by_name_before_compiling(case, method
 def test_data_that_is_not_the_models_dict_is_rejected_before_compiling(name, data):
     if isinstance(data, dict) and not (set(data) - {f.name for f in zoo.get(name).data_fields}):
         data = {**data, "not_a_field": np.ones(3)}
-    assert_rejected_before_compiling(lambda: inference.fit(name, data, zoo.get(name).methods[0], seed=0),
+    assert_rejected_before_compiling(lambda: inference.fit(name, data, inference.methods_for(name)[0], seed=0),
                                      r"^data(\[.*\])?: ")
 
 
@@ -333,11 +333,10 @@ def test_a_damaged_file_never_loads_as_different_numbers(stored, tmp_path, where
 INTERRUPTED_COMPARE = """
 import os, sys, time
 sys.path.insert(0, "tests")
-import dataclasses
 import jax.numpy as jnp
 import test_spine, zoo
 from inference import Draws, register_method
-from zoo.cli import app
+from zoo_cli import app
 
 @register_method("slow", kind="sampler", models=("toy_normal",), options={"num_samples": 10})
 def slow(ctx):
@@ -346,7 +345,7 @@ def slow(ctx):
         time.sleep(300)
     return Draws(posterior={"mu": jnp.zeros((1, ctx.options["num_samples"]))})
 
-zoo.register(dataclasses.replace(test_spine.SPEC, methods=("exact", "slow")), replace=True)
+zoo.register(test_spine.SPEC, replace=True)
 app(["compare", "toy_normal", "--methods", "exact,slow", "--out", sys.argv[1]])
 """
 

@@ -50,7 +50,6 @@ SPEC = zoo.ModelSpec(
     name="toy_normal", model=normal_model, simulate=simulate, paper="(test toy)",
     data_fields=(zoo.DataField("y", ("n",)),),
     hyperparameters={"mu0": zoo.Hyper(MU0, "any"), "tau0": zoo.Hyper(TAU0), "sigma": zoo.Hyper(SIGMA)},
-    methods=("nuts", "svi", "exact", "broken"),
 )
 
 
@@ -278,6 +277,29 @@ def test_registry_lists_and_rejects_duplicates():
 
 def test_methods_registered_for_one_model_are_not_offered_to_others():
     assert ("toy_normal", "exact") in _METHODS and (None, "exact") not in _METHODS
+
+
+def test_the_registry_says_which_methods_serve_a_model():
+    """``methods_for``: the generic methods, then the model's kernels in registration order (the spec lists none)."""
+    assert inference.methods_for(SPEC)[:2] == ["nuts", "svi"]
+    assert {"exact", "broken"} <= set(inference.methods_for("toy_normal"))
+    assert inference.methods_for("bpca") == ["nuts", "svi", "vbem", "badmm", "dppca"]
+    assert "exact" not in inference.methods_for("bpca")
+    with pytest.raises(ValueError, match=r"supports methods \['nuts', 'svi', 'vbem', 'badmm', 'dppca'\], got 'exact'"):
+        inference.fit("bpca", {}, "exact", seed=0)
+
+
+def test_prepare_run_build_is_fit(data):
+    """``fit`` is ``build(run(prepare(...)))``: same draws, same groups; ``prepare`` fails before any work."""
+    prepared = inference.prepare("toy_normal", data, "exact", seed=4, num_samples=30, tau0=0.5)
+    assert prepared.method.name == "exact" and prepared.context.hyper["tau0"] == 0.5
+    draws = inference.run(prepared)
+    tree = inference.build(prepared, draws)
+    same = inference.fit("toy_normal", data, "exact", seed=4, num_samples=30, tau0=0.5)
+    np.testing.assert_array_equal(tree["posterior"]["mu"].values, same["posterior"]["mu"].values)
+    assert set(tree.children) == set(same.children)
+    with pytest.raises(ValueError, match="num_samples: expected a positive integer"):
+        inference.prepare("toy_normal", data, "exact", seed=4, num_samples=0)
 
 
 def test_model_modules_are_attributes_of_a_fresh_zoo_import():

@@ -97,8 +97,8 @@ class ModelSpec:
         the data contract, checked by ``fit`` before any compilation.
     hyperparameters:
         name -> ``Hyper`` (defaults are the papers'/notes' recommendations); options of ``fit``.
-    methods:
-        every method ``inference.fit`` accepts for this model (``"nuts"``, ``"svi"`` plus kernels).
+        (The methods that serve the model are not listed here: the method registry knows them,
+        ``inference.methods_for(spec)``.)
     model_inputs:
         ``(data, hyper) -> kwargs`` for the model; default: data and hyperparameters merged.
     check:
@@ -152,7 +152,6 @@ class ModelSpec:
     paper: str = ""
     description: str = ""
     hyperparameters: Mapping[str, Hyper] = dataclasses.field(default_factory=dict)
-    methods: tuple[str, ...] = ("nuts", "svi")
     likelihood_sites: tuple[str, ...] = ("y",)
     observed_fields: tuple[str, ...] | None = None
     model_inputs: Callable[[dict, dict], dict] | None = None

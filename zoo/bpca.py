@@ -468,7 +468,6 @@ SPEC = register(ModelSpec(
         "a_alpha": Hyper(1e-3, "positive", "Gamma shape of alpha's prior"),
         "b_alpha": Hyper(1e-3, "positive", "Gamma rate of alpha's prior"),
     },
-    methods=("nuts", "svi", "vbem", "badmm", "dppca"),
     likelihood_sites=("Y",),
     observed_fields=("Y",),
     model_inputs=model_inputs,

@@ -447,7 +447,7 @@ SPEC = register(ModelSpec(
     model=model, simulate=simulate,
     data_fields=(DataField("t", ("n", "d"), doc="inputs (n, d); a time axis as t[:, None]"),
                  DataField("Y", ("n", "p"), doc="outputs (n, p), all observed at every input")),
-    hyperparameters=HYPER, methods=("nuts", "svi", "vbem", "gibbs", "svi_concrete"),
+    hyperparameters=HYPER,
     likelihood_sites=("Y",), observed_fields=("Y",), model_inputs=model_inputs, check=check,
     dims={"u": ["latent", "rank"], "H": ["output", "latent"], "sigma2": ["output"]},
     coords=coords, summaries=summaries, bounded={"p_on": (0.0, 1.0)},

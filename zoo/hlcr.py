@@ -389,7 +389,6 @@ SPEC = register(ModelSpec(
         "delta": Hyper(1.0, "positive", "prior sd of the regression weights"),
         "sigma": Hyper(0.5, "positive", "noise sd (known; set it to the data's noise level)"),
     },
-    methods=("nuts", "svi", "gibbs", "vbem", "fedgibbs", "fedvb"),
     likelihood_sites=("y_pair",),
     observed_fields=("y",),
     model_inputs=model_inputs,

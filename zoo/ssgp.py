@@ -681,7 +681,7 @@ def _make_spec(name, likelihood, simulate, description, demo_sizes, reference_op
         reference_options["A_gamma"] = 25.0
     spec = register(ModelSpec(
         name=name, paper=PAPER, description=description, model=model, simulate=simulate,
-        data_fields=_fields(binary), hyperparameters=hyper, methods=("nuts", "svi", "vb"),
+        data_fields=_fields(binary), hyperparameters=hyper,
         likelihood_sites=("y",), observed_fields=("y",),
         model_inputs=lambda data, hyper, lik=likelihood: model_inputs(data, hyper, lik),
         check=check, dims=DIMS, coords=coords, summaries=summaries,

@@ -10,3 +10,7 @@ notes ``000_fedhlcr.md``): one algorithm per module.
 * ``fedvb``: federated VB-EM (method ``fedvb``);
 * ``predict``: the posterior predictive of new events from any method's tree (``inference.predict``).
 """
+
+# The modules that register methods, in the paper's order (``inference.methods_for`` lists them so); any module
+# not named here is still found and imported by the registry's walk of the package.
+from inference.hlcr import gibbs, vb, fedgibbs, fedvb, predict  # noqa: E402, F401, I001

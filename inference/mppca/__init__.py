@@ -10,3 +10,7 @@ Picarougne, Information Fusion 2013; notes ``shared/notes/001_vbmppca.md``), one
 
 Every kernel is an ``init``/``step`` pair on NamedTuples run by ``inference.loop``.
 """
+
+# The modules that register methods, in the paper's order (``inference.methods_for`` lists them so); any module
+# not named here is still found and imported by the registry's walk of the package.
+from inference.mppca import vbem, em, baselines, merge  # noqa: E402, F401, I001

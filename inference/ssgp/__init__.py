@@ -12,3 +12,7 @@ from ``shared/notes/002_gp_random_effects.md`` ("notes §x", "E<k>").
 * ``vb``: the kernel (``init``/``step``/``draw`` for ``inference.loop``) and the registered method ``vb``.
 * ``predict``: the predictor of ``inference.predict`` for every ssgp model, from any method's tree (notes §3.6).
 """
+
+# The modules that register methods, in the paper's order (``inference.methods_for`` lists them so); any module
+# not named here is still found and imported by the registry's walk of the package.
+from inference.ssgp import vb, predict  # noqa: E402, F401, I001

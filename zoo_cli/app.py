@@ -1,11 +1,10 @@
-"""The ``zoo`` command line (typer). JAX, NumPyro and ArviZ are imported inside the commands so that
-``zoo --help`` answers at once."""
+"""The ``zoo`` command line (typer): it parses arguments and calls ``zoo``, ``inference`` and ``diagnostics``
+(the comparison pipeline is ``diagnostics.compare``). JAX, NumPyro and ArviZ are imported inside the commands
+so that ``zoo --help`` answers at once."""
 
 from __future__ import annotations
 
 import ast
-import json
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -95,11 +94,12 @@ def _load_data(path: Path | None, spec) -> dict:
 def list_models() -> None:
     """List the registered models, their papers and methods."""
     _setup()
+    import inference
     import zoo
 
     for name in zoo.list_models():
         spec = zoo.get(name)
-        typer.echo(f"{name:14s} {', '.join(spec.methods)}")
+        typer.echo(f"{name:14s} {', '.join(inference.methods_for(spec))}")
         if spec.paper:
             typer.echo(f"{'':14s} {spec.paper}")
 
@@ -108,6 +108,7 @@ def list_models() -> None:
 def show(model: Annotated[str, typer.Argument(help="Model name (see `zoo list`).")]) -> None:
     """Show a model's data contract, hyperparameters and methods with their options."""
     _setup()
+    from inference import methods_for
     from inference._methods import get_method
 
     spec = _spec(model)
@@ -120,7 +121,7 @@ def show(model: Annotated[str, typer.Argument(help="Model name (see `zoo list`).
     for k, h in spec.hyperparameters.items():
         typer.echo(f"  {k:10s} default {h.default!r:10s} {h.constraint:12s} {h.doc}")
     typer.echo("\nmethods and their options (default, constraint, meaning):")
-    for m in spec.methods:
+    for m in methods_for(spec):
         meth = get_method(spec, m)
         overrides = spec.method_options.get(m, {})
         typer.echo(f"  {m} ({meth.kind})")
@@ -133,7 +134,8 @@ def show(model: Annotated[str, typer.Argument(help="Model name (see `zoo list`).
 def fit(
     model: Annotated[str, typer.Argument(help="Model name (see `zoo list`).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the result (netCDF DataTree).")],
-    method: Annotated[str, typer.Option("--method", "-m", help="nuts, svi, or a kernel the model lists.")] = "nuts",
+    method: Annotated[str, typer.Option("--method", "-m", help="nuts, svi, or a kernel of the model (`zoo show`).")
+                      ] = "nuts",
     seed: Annotated[int, typer.Option(help="Random seed; the same seed and options give identical draws.")] = 0,
     data: Annotated[Path | None, typer.Option(
         help="An .npz file holding the model's data arrays (see `zoo show MODEL`); "
@@ -164,80 +166,11 @@ def fit(
                f"{tree.attrs['run_seconds']:.1f} s -> {path}")
 
 
-def _comparison_data(spec) -> tuple[dict, str | None]:
-    """(data, reference tag) for ``zoo compare``/``zoo demo``: the exact arrays stored with the model's reference
-    (``default``, else its first stored tag, e.g. mppca's ``t11``), so that every comparison is scored against a
-    stored, healthy NUTS run on any CPU; a model without a stored reference fits its simulator's default data."""
-    from diagnostics import references
-
-    if references.stored_tags(spec.name):
-        return references.reference_data(spec.name)
-    return spec.default_data()[0], None
-
-
-def run_comparison(spec, methods: list[str], out: Path, seed: int = 0, fresh: bool = False,
-                   progress: bool = True) -> dict:
-    """Fit ``methods`` on the model's comparison data (``_comparison_data``) with the demo options, write
-    every tree to ``out/<model>/<method>.nc`` (reused on a rerun when seed, options and data match, so an interrupted
-    run resumes) and return ``{method: tree}``; the reference is the stored one when it matches."""
-    import diagnostics
-    import inference
-    from diagnostics.references import data_checksum
-
-    data, tag = _comparison_data(spec)
-    checksum = data_checksum(spec, data)
-    trees = {}
-    for i, method in enumerate(methods, 1):
-        options = dict(spec.demo_options.get(method, {}))
-        path = out / spec.name / f"{method}.nc"
-        stamp = json.dumps({"seed": seed, "options": options, "data": checksum}, sort_keys=True, default=str)
-        if path.is_file() and not fresh:
-            try:
-                tree = inference.load(path)
-            except ValueError as err:          # corrupted or truncated by a crash: refit, never reuse
-                typer.echo(f"  [{i}/{len(methods)}] {spec.name}/{method}: {path} is unreadable ({err}); refitting")
-                tree = None
-            if tree is not None and tree.attrs.get("run_stamp") == stamp:
-                typer.echo(f"  [{i}/{len(methods)}] {spec.name}/{method}: reusing {path}")
-                trees[method] = tree
-                continue
-        t0 = time.time()
-        tree = inference.fit(spec, data, method, seed=seed, progress=progress, **options)
-        tree.attrs["run_stamp"] = stamp
-        inference.save(tree, path)
-        trees[method] = tree
-        typer.echo(f"  [{i}/{len(methods)}] {spec.name}/{method}: {time.time() - t0:.1f} s "
-                   f"(compile {tree.attrs['compile_seconds']:.1f} s) -> {path}")
-    reference = diagnostics.references.load(spec.name, data, tag=tag) if tag is not None else None
-    if reference is not None:
-        trees = {"reference (stored NUTS)": reference, **trees}
-    return trees
-
-
-def _write_comparison(spec, trees: dict, out: Path) -> Path:
-    """Write the model's report page (every tree's compared view is computed once inside) and print each
-    method's verdict with the first clause of its reason."""
-    import diagnostics
-    from diagnostics.report import SUMMARY, first_clause
-
-    page = Path(diagnostics.report(spec.name, trees, out / spec.name))
-    summary = json.loads((page.parent / SUMMARY).read_text())
-    for method, v in summary.get("methods", {}).items():
-        reason = v["reasons"]
-        if v["verdict"] == "NOT JUDGED":  # the reference's failure is printed once below; a sampler's mixing here
-            reason = reason[reason.index("its own chains"):] if "its own chains" in reason else ""
-        why = f": {first_clause(reason, 200)}" if v["verdict"] != "PASS" and reason else ""
-        typer.echo(f"  {spec.name}/{method}: {v['verdict']}{why}")
-    health = summary.get("reference_health") or {}
-    if health and not health.get("reliable", True):
-        typer.echo(f"  {spec.name}: reference NOT healthy, nothing judged: {'; '.join(health['failures'])}")
-    return page
-
-
 @app.command()
 def compare(
     model: Annotated[str, typer.Argument(help="Model name (see `zoo list`).")],
-    methods: Annotated[str, typer.Option(help="Comma-separated methods; default: all the model supports.")] = "",
+    methods: Annotated[str, typer.Option(
+        help="Comma-separated methods; default: every method of the model (`zoo show MODEL`).")] = "",
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path("zoo-compare"),
     seed: Annotated[int, typer.Option(help="Random seed for every fit.")] = 0,
     fresh: Annotated[bool, typer.Option(help="Refit even when a matching result exists in --out.")] = False,
@@ -264,13 +197,17 @@ def compare(
     PSIS k-hat <= 0.7. Bounded quantities (probabilities) never fail on a difference below 1 % of their range.
     """
     _setup()
+    from diagnostics.compare import run_comparison, write_comparison
+    from inference import methods_for
+
     spec = _spec(model)
-    chosen = [m.strip() for m in methods.split(",") if m.strip()] or list(spec.methods)
-    bad = [m for m in chosen if m not in spec.methods]
-    if bad:
-        raise typer.BadParameter(f"{model!r} supports {list(spec.methods)}, got {bad}", param_hint="--methods")
-    trees = run_comparison(spec, chosen, out, seed, fresh)
-    typer.echo(f"comparison written to {_write_comparison(spec, trees, out)}")
+    chosen = [m.strip() for m in methods.split(",") if m.strip()] or methods_for(spec)
+    try:  # every method and option is validated before the first fit
+        trees = run_comparison(spec, chosen, out, seed=seed, fresh=fresh, log=typer.echo)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--methods" if str(exc).startswith("method:") else None
+                                 ) from None
+    typer.echo(f"comparison written to {write_comparison(spec, trees, out, log=typer.echo)}")
 
 
 @app.command()
@@ -284,20 +221,10 @@ def demo(
     report per model and an index page counting the four verdicts (PASS, FAIL, NOT CONVERGED, NOT JUDGED;
     see `zoo compare --help`). Resumes an interrupted run unless --fresh."""
     _setup()
-    import zoo
+    from diagnostics.compare import run_demo
 
-    names = [m.strip() for m in models.split(",") if m.strip()] or zoo.list_models()
-    t0 = time.time()
-    pages = {}
-    for i, name in enumerate(names, 1):
-        spec = _spec(name)
-        typer.echo(f"[{i}/{len(names)}] {name}: {', '.join(spec.methods)}")
-        trees = run_comparison(spec, list(spec.methods), out, seed, fresh)
-        pages[name] = _write_comparison(spec, trees, out)
-    import diagnostics
-
-    index = Path(diagnostics.report_index(pages, out))
-    typer.echo(f"demo finished in {time.time() - t0:.0f} s; open {index.resolve()}")
+    names = [_spec(m.strip()).name for m in models.split(",") if m.strip()] or None
+    run_demo(out, names, seed=seed, fresh=fresh, log=typer.echo)
 
 
 @app.command()
@@ -325,7 +252,7 @@ def references(
     # Read when OpenBLAS loads, so it is set before _setup imports anything.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     _setup()
-    import json as _json
+    import json
 
     import inference
     import zoo
@@ -358,7 +285,7 @@ def references(
                 typer.echo(f"{label}: REFUSED. {exc}", err=True)
                 refused.append(label)
                 continue
-            record = _json.loads(tree.attrs["validation"])
+            record = json.loads(tree.attrs["validation"])
             typer.echo(f"{label}: stored {refs.reference_path(name, tag)} (second seed max |z| "
                        f"{record['second_seed']['max_abs_z']:.2f}"
                        + (f", cross-check max |z| {record['crosscheck']['max_abs_z']:.2f}" if record["crosscheck"]
@@ -368,6 +295,3 @@ def references(
                    f"{', '.join(refused)}", err=True)
         raise typer.Exit(1)
 
-
-if __name__ == "__main__":
-    app()
