@@ -236,8 +236,8 @@ def protocol_kernel(protocol: Protocol, participation, objective: str, seed_serv
         return State(carry._replace(server=seed_server(carry.server, k_server)), k_agents)
 
     def step(key, state: State, shards):
-        carry, (summary, active) = one_round(state.carry, shards, state.key)
-        return State(carry, state.key), Info(summary[objective], summary, active)
+        carry, info = one_round(state.carry, shards, state.key)
+        return State(carry, state.key), Info(info.summary[objective], info.summary, info.active)
 
     return Kernel(init, step, protocol)
 
