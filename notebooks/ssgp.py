@@ -60,7 +60,7 @@ import inference
 import zoo
 from diagnostics import references, scorecard
 from diagnostics.scorecard import compared_posterior
-from inference.gp_exact import fit_exact_gp, predict_exact_gp
+from inference.ssgp.exact_gp import fit_exact_gp, predict_exact_gp
 
 pd.set_option("display.width", 160)
 pd.set_option("display.precision", 3)

@@ -220,7 +220,7 @@ def test_vb_predictive_rmse_is_within_15_percent_of_the_exact_gp_P1(lmm_test_set
     """Notes §6 P1: predict the noiseless mean 1 + f + b_g at 100 new points of known groups; the exact GP
     (sigma^2 RBF + tau^2 1[same group] + 100 intercept + gamma^2 delta, type-II ML, 3 restarts) is the
     oracle. RMSE_VB(m = 10) <= 1.15 RMSE_exact [ratios 0.94-0.97 over 3 seeds]. Unit: RMSE ratio."""
-    from inference.gp_exact import fit_exact_gp, predict_exact_gp
+    from inference.ssgp.exact_gp import fit_exact_gp, predict_exact_gp
 
     data, truth = lmm_test_set
     test = truth["test"]
@@ -316,7 +316,7 @@ def test_sparse_spectrum_rmse_approaches_the_exact_gp_as_m_grows(lmm_test_set):
     """Issue 6: predictive RMSE of VB with m in {10, 25, 50, 100} spectral points approaches the exact GP's.
     Claims (unit: RMSE ratio to the exact GP): the largest m is within 10% of the exact GP, and no larger m is
     worse than the smallest by more than 10% (the trend; single-seed RMSEs are noisy, hence 10%)."""
-    from inference.gp_exact import fit_exact_gp, predict_exact_gp
+    from inference.ssgp.exact_gp import fit_exact_gp, predict_exact_gp
 
     data, truth = lmm_test_set
     test = truth["test"]

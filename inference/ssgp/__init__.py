@@ -11,6 +11,7 @@ from ``shared/notes/002_gp_random_effects.md`` ("notes §x", "E<k>").
 * ``sweep``: one coordinate-ascent sweep (notes §3.3).
 * ``vb``: the kernel (``init``/``step``/``draw`` for ``inference.loop``) and the registered method ``vb``.
 * ``predict``: the predictor of ``inference.predict`` for every ssgp model, from any method's tree (notes §3.6).
+* ``exact_gp``: the exact dense-kernel GP baseline (type-II ML, small n) the approximation is measured against.
 """
 
 # The modules that register methods, in the paper's order (``inference.methods_for`` lists them so); any module
