@@ -20,7 +20,6 @@ import zoo
 from inference import Draws, register_method
 from inference._methods import _METHODS
 from inference._timing import Stopwatch
-from inference.progress import scan_with_progress
 
 MU0, TAU0, SIGMA = 0.5, 2.0, 1.0
 CALLS = {"model": 0}
@@ -256,17 +255,6 @@ def test_stopwatch_separates_compile_from_run():
     assert first.compile_seconds > 0
     assert second.compile_seconds == 0.0
     assert first.run_seconds >= 0 and first.wall_seconds >= first.compile_seconds
-
-
-def test_scan_with_progress_equals_one_lax_scan():
-    def step(c, x):
-        return c * 0.9 + x, c
-
-    xs = jnp.arange(23.0)
-    ref = jax.lax.scan(step, 1.0, xs)
-    got = scan_with_progress(step, 1.0, xs, length=23, chunk=5, progress=False)
-    np.testing.assert_array_equal(ref[1], got[1])
-    np.testing.assert_array_equal(ref[0], got[0])
 
 
 def test_registry_lists_and_rejects_duplicates():
