@@ -43,10 +43,3 @@ def predict(tree: xr.DataTree, new_data: Mapping[str, Any], **options: Any) -> d
     if not isinstance(new_data, Mapping):
         raise ValueError(f"new_data: expected a dict of arrays, got {type(new_data).__name__}")
     return _PREDICTORS[model](tree, dict(new_data), **options)
-
-
-def predicting_models() -> list[str]:
-    from inference._methods import _load_kernels
-
-    _load_kernels()
-    return sorted(_PREDICTORS)
