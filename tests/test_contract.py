@@ -23,10 +23,6 @@ GROUPS = ("posterior", "sample_stats", "log_likelihood", "log_prior", "observed_
 N_CHECKED_DRAWS = 3
 
 
-def methods_of(model: str) -> list[str]:
-    return inference.methods_for(model)
-
-
 def tiny_options(model: str, method: str) -> dict:
     spec = zoo.get(model)
     declared = get_method(spec, method).declared
@@ -67,7 +63,7 @@ def check_contract(model: str, method: str, seed: int = 3) -> None:
                                       err_msg=f"{model}/{method}: same seed, different draws of {site}")
 
 
-PAIRS = [(m, meth) for m in zoo.list_models() for meth in methods_of(m)]
+PAIRS = [(m, meth) for m in zoo.list_models() for meth in inference.methods_for(m)]
 
 
 @pytest.mark.parametrize(("model", "method"), PAIRS, ids=[f"{m}-{meth}" for m, meth in PAIRS])
