@@ -28,13 +28,17 @@ HYPER = dict(M=3, tau=4.0, alpha=1.0, theta=0.01, a_tau=1e-3, b_tau=1e-3, a_alph
 
 def _protocol(J, D, graph="ring", eta=10.0):
     cfg = C.cfg_from(HYPER, D)
-    return badmm.make_protocol(cfg, make_graph(graph, J), g0=C.init_globals(jax.random.key(0), D, 3), eta=eta,
-                           prior_weight="split", adaptive_eta=False)
+    return badmm.make_protocol(cfg, make_graph(graph, J), eta=eta, prior_weight="split", adaptive_eta=False)
+
+
+def _node_data(data, J, D):
+    shards, _ = nodes.make_shards(data["Y"], data["node"], J)
+    return nodes.with_start(shards, C.init_globals(jax.random.key(0), D, 3))
 
 
 def runner_vs_loop(h, J, D, n_per_node, rounds=10):
     data, _ = simulate(0, N=J * n_per_node, D=D, M=3, num_nodes=J)
-    shards, _ = nodes.make_shards(data["Y"], data["node"], J)
+    shards = _node_data(data, J, D)
     proto = _protocol(J, D)
     key = jax.random.key(3)
     carry0 = jax.jit(lambda s, k: initial_carry(proto, s, k))(shards, key)
@@ -96,7 +100,7 @@ def ray_overhead(h, J=4, rounds=30):
     import ray
 
     data, _ = simulate(0, N=J * 50, num_nodes=J)
-    shards, _ = nodes.make_shards(data["Y"], data["node"], J)
+    shards = _node_data(data, J, 20)
     proto = _protocol(J, 20)
     key = jax.random.key(3)
     stamps = []

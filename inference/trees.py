@@ -130,11 +130,44 @@ def log_densities(spec: ModelSpec, model_kwargs: Mapping[str, Any], posterior: M
     first = next(iter(posterior.values()))
     n_chain, n_draw = first.shape[:2]
     flat = {k: jnp.reshape(jnp.asarray(v), (n_chain * n_draw, *v.shape[2:])) for k, v in posterior.items()}
-    fn = jax.jit(lambda p: jax.lax.map(lambda q: _site_log_probs(spec, model_kwargs, q), p,
-                                       batch_size=min(batch_size, n_chain * n_draw)))
-    prior, lik = fn(flat)
+    batch = min(batch_size, n_chain * n_draw)
+    arrays = {k: v for k, v in model_kwargs.items() if isinstance(v, np.ndarray | jax.Array)}
+    static = tuple(sorted((k, v) for k, v in model_kwargs.items() if k not in arrays))
+    try:
+        key = (id(spec), hash(static), static, batch)
+    except TypeError:  # an unhashable model argument: compile for this call only
+        key = None
+    program = _LOG_DENSITY_PROGRAMS.get(key)
+    if program is None:
+        program = _log_density_program(spec, static, batch)
+        if key is not None:
+            _LOG_DENSITY_PROGRAMS[key] = program
+            _LOG_DENSITY_SPECS[id(spec)] = spec  # keeps the spec alive while its id is a key
+    prior, lik = program(arrays, flat)
     unflat = lambda d: {k: np.asarray(v).reshape((n_chain, n_draw, *v.shape[1:])) for k, v in d.items()}
     return unflat(prior), unflat(lik)
+
+
+_LOG_DENSITY_PROGRAMS: dict = {}
+_LOG_DENSITY_SPECS: dict = {}
+
+
+def clear_log_density_programs() -> None:
+    """Drop the cached programs of ``log_densities`` (their compiled executables go with them)."""
+    _LOG_DENSITY_PROGRAMS.clear()
+    _LOG_DENSITY_SPECS.clear()
+
+
+def _log_density_program(spec: ModelSpec, static: tuple, batch: int):
+    """The jitted ``(arrays, draws) -> (log_prior, log_likelihood)`` of ``log_densities``, kept per (model,
+    non-array arguments, batch): data arrays are arguments, not constants, so every fit of a model on data of
+    the same shapes reuses one compiled program."""
+
+    def densities(arrays, flat):
+        kwargs = {**dict(static), **arrays}
+        return jax.lax.map(lambda q: _site_log_probs(spec, kwargs, q), flat, batch_size=batch)
+
+    return jax.jit(densities)
 
 
 def dataset(arrays: Mapping[str, Any], dims: Mapping[str, list[str]], coords: Mapping[str, Any],

@@ -31,9 +31,10 @@ def _release_compiled_programs():
 
     import jax
 
-    from inference import loop
+    from inference import loop, trees
 
     for cached in (loop._vmapped_init, loop._optimiser_chunk, loop._sampler_chunk):
         cached.cache_clear()
+    trees.clear_log_density_programs()
     jax.clear_caches()
     gc.collect()

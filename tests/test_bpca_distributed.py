@@ -139,7 +139,7 @@ def test_cube_noise_gap_is_the_free_offset_and_the_eta_scale(noise):
         Y, S = data["Y"], truth["structure"]
         a_svd = subspace_angle(S, svd_structure(Y))
         a_cc = subspace_angle(S, np.linalg.svd(Y - Y.mean(0), full_matrices=False)[2][:3].T)
-        st, _, _ = vbem.run(C.cfg_from(CUBE_HYPER, 8), C.shard_of(Y), C.init_key(KEY), max_iter=5000, tol=1e-10)
+        st = vbem.run(C.cfg_from(CUBE_HYPER, 8), C.shard_of(Y), C.init_key(KEY), max_iter=5000, tol=1e-10).state
         assert abs(subspace_angle(S, np.asarray(st.g.mw)) - a_cc) < 0.005, seed
         _, res, _, _ = badmm.fit_badmm(Y, data["node"], 5, dict(CUBE_HYPER, theta=1e8), KEY,
                                    badmm_options(adaptive_eta=True, max_iter=5000))
@@ -170,7 +170,7 @@ def test_cube_20pct_missing_at_random():
         miss = truth["missing_mask"]
         rec_d = _reconstruction(res.states.vb.mz, res.messages["mw"], res.messages["mmu"], index)
         cfg = C.cfg_from(CUBE_HYPER, 8)
-        st, _, _ = vbem.run(cfg, C.shard_of(data["Y"]), C.init_key(KEY), max_iter=5000, tol=1e-9)
+        st = vbem.run(cfg, C.shard_of(data["Y"]), C.init_key(KEY), max_iter=5000, tol=1e-9).state
         rec_c = np.asarray(st.mz @ st.g.mw.T + st.g.mmu)
         rmse_d.append(np.sqrt(np.mean((rec_d - truth["Y_complete"])[miss] ** 2)))
         rmse_c.append(np.sqrt(np.mean((rec_c - truth["Y_complete"])[miss] ** 2)))

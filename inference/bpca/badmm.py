@@ -68,7 +68,6 @@ from inference.bpca.common import (
     Cfg,
     Globals,
     Q,
-    Shard,
     VBState,
     cfg_from,
     draw,
@@ -83,14 +82,17 @@ from inference.bpca.common import (
 )
 from inference.bpca.nodes import (
     NETWORK_OPTIONS,
+    NodeData,
     agreement,
     make_shards,
+    memoised_protocol,
     node_assignment,
     run_attrs,
     run_distributed,
     slot_sum,
     slot_where,
     to_rows,
+    with_start,
 )
 from inference.bpca.sweep import TAU_RHO, sweep
 from inference.distributed import Protocol, gossip, make_graph
@@ -147,8 +149,10 @@ def edge_update(m_a, v_a, m_b, v_b, e, eta, inner: int):
     return (rho, phi, g1 + eta * (m_a - rho), g2 + eta * (rho - m_b), b1 + eta * (v_a - phi), b2 + eta * (phi - v_b))
 
 
-def make_protocol(cfg: Cfg, graph, *, g0: Globals, eta: float, prior_weight: str, adaptive_eta: bool) -> Protocol:
-    """The D-MFVI protocol on ``graph`` (module docstring). ``g0``: the common initial global parameters."""
+@memoised_protocol
+def make_protocol(cfg: Cfg, graph, *, eta: float, prior_weight: str, adaptive_eta: bool) -> Protocol:
+    """The D-MFVI protocol on ``graph`` (module docstring). Node j holds ``NodeData(shard, start)``; ``start``
+    is the common initial global parameters (``nodes.with_start``). Built once per static configuration."""
     K = graph.max_degree
     route = gossip(graph)
     edges = jnp.asarray(graph.edges) if len(graph.edges) else jnp.zeros((0, 2), jnp.int64)
@@ -160,8 +164,9 @@ def make_protocol(cfg: Cfg, graph, *, g0: Globals, eta: float, prior_weight: str
         c = 1.0 / n_active if prior_weight == "split" else jnp.asarray(1.0)
         return c, (c if cfg.tau_consensus else jnp.asarray(1.0))
 
-    def init_fn(shard: Shard, key):
-        vb = init_state(cfg, g0, shard.X.shape[0])
+    def init_fn(node: NodeData, key):
+        g0 = node.start
+        vb = init_state(cfg, g0, node.shard.X.shape[0])
         if cfg.penalty == "quadratic":
             duals = jax.tree.map(lambda a: jnp.zeros((K,) + a.shape), g0)
         else:
@@ -169,7 +174,7 @@ def make_protocol(cfg: Cfg, graph, *, g0: Globals, eta: float, prior_weight: str
         st = NodeState(vb, duals, jnp.zeros((K, 2)))
         return st, message_of(cfg, vb, jnp.asarray(0.0) if adaptive_eta else None)
 
-    def local_step(st: NodeState, shard: Shard, inbox, key):
+    def local_step(st: NodeState, node: NodeData, inbox, key):
         vb = st.vb
         mask = inbox["mask"]
         k = jnp.sum(mask).astype(float)
@@ -212,7 +217,7 @@ def make_protocol(cfg: Cfg, graph, *, g0: Globals, eta: float, prior_weight: str
         if adaptive_eta:
             lin = [2.0 * x for x in pen["G"]] if cfg.penalty == "quadratic" else list(pen["g"])
             dual_norm = jnp.sqrt(sum(jnp.sum(x**2) for x in lin))
-        vb = sweep(cfg, vb, shard, c, pen, c_tau, tau_pen)
+        vb = sweep(cfg, vb, node.shard, c, pen, c_tau, tau_pen)
         return NodeState(vb, duals, tau_duals), message_of(cfg, vb, dual_norm)
 
     def init_server(messages, active):
@@ -255,7 +260,7 @@ def make_protocol(cfg: Cfg, graph, *, g0: Globals, eta: float, prior_weight: str
         new = jnp.where(change, eta_t * factor, eta_t)
         return jnp.clip(new, eta / 100.0, eta * 100.0)
 
-    def report(st: NodeState, shard):
+    def report(st: NodeState, node: NodeData):
         return {"elbo": st.vb.elbo}
 
     def summarize(reports, messages, server, active):
@@ -281,9 +286,9 @@ def fit_badmm(Y, node, J, hyper, key, o, participation=None, callback=None):
     graph = make_graph(o["graph"], J)
     shards, index = make_shards(Y, node, J)
     g0 = init_globals(init_key(key), D, cfg.M)
-    proto = make_protocol(cfg, graph, g0=g0, eta=float(o["eta"]), prior_weight=o["prior_weight"],
+    proto = make_protocol(cfg, graph, eta=float(o["eta"]), prior_weight=o["prior_weight"],
                           adaptive_eta=o["adaptive_eta"])
-    res = run_distributed(proto, shards, jax.random.fold_in(key, 1), o, participation, callback)
+    res = run_distributed(proto, with_start(shards, g0), jax.random.fold_in(key, 1), o, participation, callback)
     return cfg, res, shards, index
 
 

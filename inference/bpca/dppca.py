@@ -85,24 +85,27 @@ def local_em(W, mu, tau, shard: Shard, pen, learn_tau: bool):
     return W, mu, tau, Ez, Sz, loglik
 
 
-def make_protocol(graph, *, W0, tau0: float, learn_tau: bool, eta: float) -> Protocol:
+@nodes.memoised_protocol
+def make_protocol(graph, *, tau0: float, learn_tau: bool, eta: float) -> Protocol:
+    """The D-PPCA protocol on ``graph``. Node j holds ``nodes.NodeData(shard, start)`` with ``start`` the common
+    initial W (``nodes.with_start``). Built once per static configuration."""
     K = graph.max_degree
     J = graph.J
     route = gossip(graph)
     stats = nodes.agreement(graph)
-    D, M = W0.shape
 
     def msg(st):
         return {"W": st.W, "mu": st.mu, "tau": st.tau}
 
-    def init_fn(shard, key):
-        n = shard.X.shape[0]
+    def init_fn(node, key):
+        W0 = node.start
+        n, (D, M) = node.shard.X.shape[0], W0.shape
         duals = {"W": jnp.zeros((K, D, M)), "mu": jnp.zeros((K, D)), "tau": jnp.zeros(K)}
         st = PPCAState(W0, jnp.zeros(D), jnp.asarray(tau0, float), duals, jnp.zeros((n, M)),
                        jnp.tile(jnp.eye(M), (n, 1, 1)), jnp.asarray(jnp.nan))
         return st, msg(st)
 
-    def local_step(st, shard, inbox, key):
+    def local_step(st, node, inbox, key):
         mask = inbox["mask"]
         k = jnp.sum(mask).astype(float)
         eta_t = inbox["eta"]
@@ -111,8 +114,8 @@ def make_protocol(graph, *, W0, tau0: float, learn_tau: bool, eta: float) -> Pro
         duals = nodes.slot_where(mask, upd, st.duals)
         G = jax.tree.map(lambda d: nodes.slot_sum(mask, d), duals)
         anchor = jax.tree.map(lambda o, n: k * o + nodes.slot_sum(mask, n), own, nbr)
-        W, mu, tau, Ez, Sz, ll = local_em(st.W, st.mu, st.tau, shard, {"k": k, "eta": eta_t, "G": G,
-                                                                        "anchor": anchor}, learn_tau)
+        pen = {"k": k, "eta": eta_t, "G": G, "anchor": anchor}
+        W, mu, tau, Ez, Sz, ll = local_em(st.W, st.mu, st.tau, node.shard, pen, learn_tau)
         new = PPCAState(W, mu, tau, duals, Ez, Sz, ll)
         return new, msg(new)
 
@@ -124,7 +127,7 @@ def make_protocol(graph, *, W0, tau0: float, learn_tau: bool, eta: float) -> Pro
         inbox["eta"] = jnp.full(active.shape, server["eta"])
         return server, inbox
 
-    def report(st, shard):
+    def report(st, node):
         return {"loglik": st.loglik}
 
     def summarize(reports, messages, server, active):
@@ -148,9 +151,10 @@ def fit_dppca(Y, node, J, hyper, key, o, participation=None, callback=None):
     shards, index = nodes.make_shards(Y, node, J)
     W0 = init_globals(init_key(key), D, M).mw
     learn_tau = hyper.get("tau") is None
-    proto = make_protocol(graph, W0=W0, tau0=1.0 if learn_tau else float(hyper["tau"]), learn_tau=learn_tau,
+    proto = make_protocol(graph, tau0=1.0 if learn_tau else float(hyper["tau"]), learn_tau=learn_tau,
                           eta=float(o["eta"]))
-    res = nodes.run_distributed(proto, shards, jax.random.fold_in(key, 1), o, participation, callback)
+    res = nodes.run_distributed(proto, nodes.with_start(shards, W0), jax.random.fold_in(key, 1), o, participation,
+                                callback)
     return res, shards, index
 
 

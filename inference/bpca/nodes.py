@@ -7,6 +7,9 @@ methods declare.
 
 from __future__ import annotations
 
+import functools
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -49,6 +52,39 @@ def make_shards(Y, node, J: int) -> tuple[Shard, np.ndarray]:
         row[j, :len(rows)] = 1.0
         index[j, :len(rows)] = rows
     return Shard(jnp.asarray(X), jnp.asarray(O), jnp.asarray(row)), index
+
+
+class NodeData(NamedTuple):
+    """What node j holds: its rows, and the starting point all nodes agreed on before the run (the same at
+    every node). The start is data, not a constant of the compiled round, so fits with other seeds reuse it."""
+
+    shard: Shard
+    start: Any
+
+
+def with_start(shards: Shard, start: Any) -> NodeData:
+    """Stacked ``NodeData``: every node's shard beside its copy of ``start`` (broadcast to the J nodes)."""
+    J = shards.X.shape[0]
+    return NodeData(shards, jax.tree.map(lambda a: jnp.broadcast_to(jnp.asarray(a), (J, *jnp.shape(a))), start))
+
+
+def memoised_protocol(factory):
+    """``factory(..., graph, ...)`` built once per value of its static arguments (a graph by its adjacency),
+    so repeated fits get the same ``Protocol`` and the loop's compiled rounds."""
+    cache: dict = {}
+
+    def static(v):
+        return ("graph", v.name, v.adjacency.shape, v.adjacency.tobytes()) if hasattr(v, "adjacency") else v
+
+    @functools.wraps(factory)
+    def memoised(*args, **kwargs):
+        key = (tuple(static(a) for a in args), tuple(sorted((k, static(v)) for k, v in kwargs.items())))
+        if key not in cache:
+            cache[key] = factory(*args, **kwargs)
+        return cache[key]
+
+    memoised.cache_clear = cache.clear
+    return memoised
 
 
 def slot_where(mask, new, old):
