@@ -14,6 +14,8 @@ coordinates; the tree's ``nuts_reformulation`` attr names the reformulation used
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +24,7 @@ from numpyro.infer import MCMC, NUTS
 from inference._init_strategies import INIT_STRATEGIES
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.progress import progress_enabled
+from inference.trees import split_arguments
 
 
 def chain_method(num_chains: int) -> str:
@@ -45,6 +48,25 @@ OPTIONS = {
 }
 
 
+SAMPLER_SETTINGS = ("num_warmup", "num_samples", "num_chains", "thinning", "dense_mass", "target_accept_prob",
+                    "max_tree_depth", "init")
+EXTRA_FIELDS = ("diverging", "energy", "num_steps", "accept_prob", "adapt_state.step_size")
+
+
+@functools.lru_cache(maxsize=16)
+def _sampler(model, static: tuple, settings: tuple) -> MCMC:
+    """NumPyro's ``MCMC`` for ``model`` with its non-array arguments ``static`` bound and these settings, kept
+    for the process: the data arrays are arguments of the compiled program (``jit_model_args``), so fits of
+    one model on data of the same shapes (other seeds, other data sets) compile once."""
+    o = dict(settings)
+    kernel = NUTS(functools.partial(model, **dict(static)), dense_mass=o["dense_mass"],
+                  target_accept_prob=o["target_accept_prob"], max_tree_depth=o["max_tree_depth"],
+                  init_strategy=INIT_STRATEGIES[o["init"]])
+    return MCMC(kernel, num_warmup=o["num_warmup"], num_samples=o["num_samples"], num_chains=o["num_chains"],
+                thinning=o["thinning"], chain_method=chain_method(o["num_chains"]), progress_bar=o["progress"],
+                jit_model_args=True)
+
+
 @register_method("nuts", kind="sampler", options=OPTIONS)
 def run_nuts(ctx: FitContext) -> Draws:
     """No-U-Turn sampler on the model's log density (Hoffman & Gelman 2014; NumPyro's implementation)."""
@@ -53,14 +75,14 @@ def run_nuts(ctx: FitContext) -> Draws:
     reform = ctx.spec.nuts_reformulation
     if reform is not None and not (o["reformulate"] and reform.applies(kwargs)):
         reform = None
-    kernel = NUTS(reform.model if reform else ctx.spec.model, dense_mass=o["dense_mass"],
-                  target_accept_prob=o["target_accept_prob"], max_tree_depth=o["max_tree_depth"],
-                  init_strategy=INIT_STRATEGIES[o["init"]])
-    mcmc = MCMC(kernel, num_warmup=o["num_warmup"], num_samples=o["num_samples"], num_chains=o["num_chains"],
-                thinning=o["thinning"], chain_method=chain_method(o["num_chains"]),
-                progress_bar=progress_enabled(o["progress"]))
-    mcmc.run(ctx.key, **kwargs,
-             extra_fields=("diverging", "energy", "num_steps", "accept_prob", "adapt_state.step_size"))
+    arrays, static = split_arguments(kwargs)
+    settings = tuple((k, o[k]) for k in SAMPLER_SETTINGS) + (("progress", progress_enabled(o["progress"])),)
+    model = reform.model if reform else ctx.spec.model
+    try:
+        mcmc = _sampler(model, static, settings)
+    except TypeError:  # an unhashable model argument: a sampler for this call only
+        mcmc = _sampler.__wrapped__(model, static, settings)
+    mcmc.run(ctx.key, **arrays, extra_fields=EXTRA_FIELDS)
     samples = mcmc.get_samples(group_by_chain=True)
     if reform is not None:
         samples = map_draws(reform, jax.random.fold_in(ctx.key, 1), samples, kwargs)
@@ -83,6 +105,24 @@ def map_draws(reform, key, samples: dict, model_kwargs: dict, batch_size: int = 
     n_chain, n_draw = next(iter(samples.values())).shape[:2]
     flat = {k: jnp.reshape(v, (n_chain * n_draw, *v.shape[2:])) for k, v in samples.items()}
     keys = jax.random.split(key, n_chain * n_draw)
-    out = jax.jit(lambda ks, d: jax.lax.map(lambda a: reform.to_sites(a[0], a[1], model_kwargs), (ks, d),
-                                            batch_size=min(batch_size, n_chain * n_draw)))(keys, flat)
+    arrays, static = split_arguments(model_kwargs)
+    batch = min(batch_size, n_chain * n_draw)
+    try:
+        mapper = _site_mapper(reform, static, batch)
+    except TypeError:  # an unhashable model argument: a program for this call only
+        mapper = _site_mapper.__wrapped__(reform, static, batch)
+    out = mapper(keys, flat, arrays)
     return {k: jnp.reshape(v, (n_chain, n_draw, *v.shape[1:])) for k, v in out.items()}
+
+
+@functools.lru_cache(maxsize=16)
+def _site_mapper(reform, static: tuple, batch: int):
+    """The compiled ``(keys, draws, data arrays) -> model sites`` of ``map_draws``, one per reformulation and
+    non-array arguments (data arrays are arguments, so same-shaped data share it)."""
+
+    def to_sites(keys, flat, arrays):
+        kwargs = {**dict(static), **arrays}
+        return jax.lax.map(lambda a: reform.to_sites(a[0], a[1], kwargs), (keys, flat), batch_size=batch)
+
+    return jax.jit(to_sites)
+

@@ -131,8 +131,7 @@ def log_densities(spec: ModelSpec, model_kwargs: Mapping[str, Any], posterior: M
     n_chain, n_draw = first.shape[:2]
     flat = {k: jnp.reshape(jnp.asarray(v), (n_chain * n_draw, *v.shape[2:])) for k, v in posterior.items()}
     batch = min(batch_size, n_chain * n_draw)
-    arrays = {k: v for k, v in model_kwargs.items() if isinstance(v, np.ndarray | jax.Array)}
-    static = tuple(sorted((k, v) for k, v in model_kwargs.items() if k not in arrays))
+    arrays, static = split_arguments(model_kwargs)
     try:
         key = (id(spec), hash(static), static, batch)
     except TypeError:  # an unhashable model argument: compile for this call only
@@ -146,6 +145,13 @@ def log_densities(spec: ModelSpec, model_kwargs: Mapping[str, Any], posterior: M
     prior, lik = program(arrays, flat)
     unflat = lambda d: {k: np.asarray(v).reshape((n_chain, n_draw, *v.shape[1:])) for k, v in d.items()}
     return unflat(prior), unflat(lik)
+
+
+def split_arguments(model_kwargs: Mapping[str, Any]) -> tuple[dict, tuple]:
+    """(data arrays, the other arguments as a sorted tuple of items): arrays become arguments of compiled
+    programs, the rest (sizes, flags, scalar hyperparameters) is bound when they are built."""
+    arrays = {k: v for k, v in model_kwargs.items() if isinstance(v, np.ndarray | jax.Array)}
+    return arrays, tuple(sorted((k, v) for k, v in model_kwargs.items() if k not in arrays))
 
 
 _LOG_DENSITY_PROGRAMS: dict = {}

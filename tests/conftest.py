@@ -31,9 +31,9 @@ def _release_compiled_programs():
 
     import jax
 
-    from inference import loop, trees
+    from inference import loop, nuts, trees
 
-    for cached in (loop._vmapped_init, loop._optimiser_chunk, loop._sampler_chunk):
+    for cached in (loop._vmapped_init, loop._optimiser_chunk, loop._sampler_chunk, nuts._sampler, nuts._site_mapper):
         cached.cache_clear()
     trees.clear_log_density_programs()
     jax.clear_caches()
