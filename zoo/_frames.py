@@ -356,7 +356,8 @@ def read_table(path: str | Path) -> pd.DataFrame | dict[str, np.ndarray]:
         raise ValueError(f"path: {str(path)!r}: expected a {', '.join(FILE_SUFFIXES)} file, got suffix "
                          f"{path.suffix!r}")
     if path.stat().st_size == 0:
-        raise ValueError(f"path: {str(path)!r} is empty (0 bytes)")
+        raise ValueError(f"path: {str(path)!r} is empty (0 bytes)"
+                         + (": not an .npz archive" if suffix == ".npz" else ""))
     if suffix == ".npz":
         return _read_npz(path)
     try:

@@ -1,0 +1,94 @@
+"""Files from the command line (issue 19, part 2): ``--data`` reads .csv, .parquet and .npz, ``--column FIELD=COL``
+maps columns to fields, ``zoo show`` prints the header a table needs, and every bad file is a usage error naming
+the problem before anything compiles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_frames import HLCR_COLUMNS, PRODUCTS, STORES, hlcr_frame
+from typer.testing import CliRunner
+
+import inference
+from inference._timing import Stopwatch
+from zoo_cli import app
+
+runner = CliRunner()
+
+
+def column_args(skip: tuple[str, ...] = ()) -> list[str]:
+    """``--column FIELD=COL,...`` for every field of ``HLCR_COLUMNS`` but ``skip``."""
+    return [a for field, cols in HLCR_COLUMNS.items() if field not in skip
+            for a in ("--column", f"{field}={cols if isinstance(cols, str) else ','.join(cols)}")]
+
+
+COLUMN_ARGS = column_args()
+
+
+def _text(result) -> str:
+    return " ".join(result.output.split()).replace("│", "").replace(" ", "")
+
+
+def test_show_prints_the_csv_header_the_default_mapping_reads():
+    out = runner.invoke(app, ["show", "hlcr"]).output
+    assert "y,agent,entity,x1,x2,x3" in out and "every other column" in out
+    assert "Y" in runner.invoke(app, ["show", "bpca"]).output and "NaN = missing entry" in \
+        runner.invoke(app, ["show", "bpca"]).output
+
+
+def test_fit_reads_a_parquet_table_and_its_labels_become_coordinates(tmp_path):
+    frame = hlcr_frame()
+    frame.to_parquet(tmp_path / "sales.parquet")
+    out = tmp_path / "fit.nc"
+    result = runner.invoke(app, ["fit", "hlcr", "-m", "vbem", "--data", str(tmp_path / "sales.parquet"), *COLUMN_ARGS,
+                                 "--set", "max_iter=20", "--set", "num_samples=20", "--set", "num_restarts=2",
+                                 "--out", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    tree = inference.load(out)
+    assert list(tree["posterior"]["agent"].values) == sorted(STORES)
+    assert tree["log_likelihood"].sizes["pair"] == len(STORES) * len(PRODUCTS)
+    np.testing.assert_array_equal(tree["observed_data"]["y"].values, frame["sales"].to_numpy())
+
+
+def _csv(tmp_path, text: str | bytes | None = None, frame: pd.DataFrame | None = None):
+    path = tmp_path / "d.csv"
+    if frame is not None:
+        frame.to_csv(path, index=False)
+    else:
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+BAD_FILES = [
+    ("unknown column", lambda f: f, ["--column", "y=revenue"], "column'revenue'isnotinthedata"),
+    ("text where a float is expected", lambda f: f.assign(price=f["price"].astype(str).where(f.index != 2, "abc")),
+     [], "column'price'(data['X']):expectednumbers(float),gottext:'abc'(row2)isnotanumber"),
+    ("NaN where the model forbids it", lambda f: f.assign(sales=f["sales"].where(f.index > 3)), [],
+     "column'sales'(data['y']):4of36rowshavemissingvalues"),
+    ("empty file", b"", [], "isempty(0bytes)"),
+    ("only a header", b"store,product,price,promo,sales\n", [], "hasnorows(onlyaheader"),
+    ("--column on an npz file", None, ["--column", "y=sales"], "--columnand--dropnaarefor.csv/.parquet"),
+    ("malformed --column", lambda f: f, ["--column", "y"], "expectedFIELD=COL"),
+    ("unknown suffix", b"a,b\n1,2\n", [], "expecteda.csv,.parquet,.npzfile"),
+]
+
+
+@pytest.mark.parametrize(("what", "content", "extra", "needle"), BAD_FILES, ids=[b[0] for b in BAD_FILES])
+def test_a_bad_data_file_is_a_usage_error_before_compiling(what, content, extra, needle, tmp_path):
+    if content is None:
+        path = tmp_path / "d.npz"
+        np.savez(path, **{k: np.asarray(v) for k, v in {"y": [1.0]}.items()})
+    elif isinstance(content, bytes):
+        path = _csv(tmp_path, content)
+        if what == "unknown suffix":
+            path = path.rename(tmp_path / "d.tsv")
+    else:
+        path = _csv(tmp_path, frame=content(hlcr_frame()))
+    mapping = column_args(skip=tuple(e.split("=")[0] for e in extra[1::2]))
+    with Stopwatch() as sw:
+        result = runner.invoke(app, ["fit", "hlcr", "-m", "gibbs", "--data", str(path), *mapping, *extra,
+                                     "--out", str(tmp_path / "x.nc")])
+    assert result.exit_code == 2, result.output
+    assert needle.replace(" ", "") in _text(result), result.output
+    assert sw.compile_events == 0
