@@ -298,6 +298,9 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
             words = ("<p>The reference is <b>NOT healthy</b>, so every method is NOT JUDGED: the scores below are "
                      "shown for information only. What failed:</p><ul>"
                      + "".join(f"<li>{_esc(f)}</li>" for f in health["failures"]) + "</ul>")
+            if health.get("advice"):
+                words += ("<p>What to try:</p><ul class='advice'>"
+                          + "".join(f"<li>{_esc(a)}</li>" for a in health["advice"]) + "</ul>")
         sections.append(("reference", "The MCMC reference", words + _table(hdf)))
 
     # --- per-method table
