@@ -7,14 +7,23 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from test_frames import HLCR_COLUMNS, PRODUCTS, STORES, hlcr_frame
+from test_frames import HLCR_COLUMNS, hlcr_frame
+from test_spine import SPEC
 from typer.testing import CliRunner
 
 import inference
+import zoo
 from inference._timing import Stopwatch
 from zoo_cli import app
 
 runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def toy():
+    zoo.register(SPEC, replace=True)
+    yield
+    zoo.unregister(SPEC.name)
 
 
 def column_args(skip: tuple[str, ...] = ()) -> list[str]:
@@ -37,18 +46,18 @@ def test_show_prints_the_csv_header_the_default_mapping_reads():
         runner.invoke(app, ["show", "bpca"]).output
 
 
-def test_fit_reads_a_parquet_table_and_its_labels_become_coordinates(tmp_path):
-    frame = hlcr_frame()
-    frame.to_parquet(tmp_path / "sales.parquet")
+def test_fit_reads_a_parquet_table_and_its_row_index_labels_the_data(tmp_path):
+    y = np.linspace(-1.0, 1.0, 7)
+    frame = pd.DataFrame({"y": y}, index=pd.Index([f"day{i}" for i in range(7)], name="day"))
+    frame.to_parquet(tmp_path / "d.parquet")
     out = tmp_path / "fit.nc"
-    result = runner.invoke(app, ["fit", "hlcr", "-m", "vbem", "--data", str(tmp_path / "sales.parquet"), *COLUMN_ARGS,
-                                 "--set", "max_iter=20", "--set", "num_samples=20", "--set", "num_restarts=2",
-                                 "--out", str(out), "--no-progress"])
+    result = runner.invoke(app, ["fit", "toy_normal", "-m", "exact", "--data", str(tmp_path / "d.parquet"),
+                                 "--set", "num_samples=50", "--out", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output
     tree = inference.load(out)
-    assert list(tree["posterior"]["agent"].values) == sorted(STORES)
-    assert tree["log_likelihood"].sizes["pair"] == len(STORES) * len(PRODUCTS)
-    np.testing.assert_array_equal(tree["observed_data"]["y"].values, frame["sales"].to_numpy())
+    np.testing.assert_array_equal(tree["observed_data"]["y"].values, y)
+    assert list(tree["observed_data"]["n"].values) == list(frame.index)
+    assert list(tree["log_likelihood"]["n"].values) == list(frame.index)
 
 
 def _csv(tmp_path, text: str | bytes | None = None, frame: pd.DataFrame | None = None):

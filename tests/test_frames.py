@@ -18,6 +18,7 @@ from test_properties import assert_rejected_before_compiling
 
 import inference
 import zoo
+from inference.api import read_data
 
 STORES = ["north", "south", "east"]
 PRODUCTS = ["apples", "beer", "cheese", "dates"]
@@ -47,7 +48,7 @@ def coded(frame: pd.DataFrame) -> dict:
             "entity": pd.factorize(frame["product"], sort=True)[0]}
 
 
-@pytest.mark.parametrize("method", ["gibbs", "vbem"])
+@pytest.mark.parametrize("method", ["gibbs", pytest.param("vbem", marks=pytest.mark.slow)])
 def test_hlcr_stores_and_products_become_the_coordinates_of_every_method(method, tmp_path):
     frame = hlcr_frame()
     options = tiny_options("hlcr", method)
@@ -116,6 +117,24 @@ def test_bpca_keeps_missing_cells_and_labels_rows_and_features():
         assert list(post["row"].values) == rows
 
 
+def test_gp_alps_and_mppca_default_mappings_read_the_right_columns_before_any_fit():
+    """The default mapping alone (no fit): gp_alps finds ``t`` by its name wherever it is and gives every other
+    column to ``Y``; mppca gives every column to ``Y``; the column names label their axes."""
+    data, _ = zoo.get("gp_alps").tiny_data()
+    outputs = [f"out_{k}" for k in range(data["Y"].shape[1])]
+    table = read_data(zoo.get("gp_alps"), pd.DataFrame(data["Y"], columns=outputs).assign(t=data["t"][:, 0]))
+    assert table.columns == {"t": ["t"], "Y": outputs}
+    np.testing.assert_array_equal(table.data["Y"], data["Y"])
+    np.testing.assert_array_equal(table.data["t"], data["t"])
+    assert list(table.axis_labels["p"]) == outputs and zoo.get("gp_alps").axis_dims["p"] == "output"
+    data, _ = zoo.get("mppca").tiny_data()
+    names = [f"m{k}" for k in range(data["Y"].shape[1])]
+    table = read_data(zoo.get("mppca"), pd.DataFrame(data["Y"], columns=names))
+    assert table.columns == {"Y": names} and list(table.axis_labels["d"]) == names
+    np.testing.assert_array_equal(table.data["Y"], data["Y"])
+
+
+@pytest.mark.slow
 def test_gp_alps_default_mapping_t_column_then_every_output():
     data, _ = zoo.get("gp_alps").tiny_data()
     outputs = [f"out_{k}" for k in range(data["Y"].shape[1])]
@@ -126,6 +145,7 @@ def test_gp_alps_default_mapping_t_column_then_every_output():
     np.testing.assert_array_equal(tree["constant_data"]["t"].values, data["t"])
 
 
+@pytest.mark.slow
 def test_mppca_default_mapping_reads_every_column_as_y():
     data, _ = zoo.get("mppca").tiny_data()
     names = [f"m{k}" for k in range(data["Y"].shape[1])]
