@@ -7,23 +7,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from test_cli import toy  # noqa: F401  (autouse fixture: registers the toy model of test_spine)
 from test_frames import HLCR_COLUMNS, hlcr_frame
-from test_spine import SPEC
 from typer.testing import CliRunner
 
 import inference
-import zoo
 from inference._timing import Stopwatch
 from zoo_cli import app
 
 runner = CliRunner()
 
-
-@pytest.fixture(autouse=True)
-def toy():
-    zoo.register(SPEC, replace=True)
-    yield
-    zoo.unregister(SPEC.name)
 
 
 def column_args(skip: tuple[str, ...] = ()) -> list[str]:

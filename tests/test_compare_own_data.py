@@ -17,8 +17,8 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from test_cli import toy  # noqa: F401  (autouse fixture: registers the toy model of test_spine)
 from test_frames import HLCR_COLUMNS, hlcr_frame
-from test_spine import SPEC
 from typer.testing import CliRunner
 
 import diagnostics
@@ -32,12 +32,6 @@ from zoo_cli import app
 runner = CliRunner()
 TOY_REFERENCE = {"num_warmup": 300, "num_samples": 1000}      # 4 chains x 1000: the rule's 4000 draws
 
-
-@pytest.fixture(autouse=True)
-def toy():
-    zoo.register(SPEC, replace=True)
-    yield
-    zoo.unregister(SPEC.name)
 
 
 @pytest.fixture
