@@ -33,6 +33,9 @@ def _text(result) -> str:
 
 
 def test_show_prints_the_csv_header_the_default_mapping_reads():
+    assert "sensitivity" in runner.invoke(app, ["--help"]).output
+    for command in ("fit", "compare", "sensitivity"):
+        assert all(opt in runner.invoke(app, [command, "--help"]).output for opt in ("--data", "--column", "--dropna"))
     out = runner.invoke(app, ["show", "hlcr"]).output
     assert "y,agent,entity,x1,x2,x3" in out and "every other column" in out
     assert "Y" in runner.invoke(app, ["show", "bpca"]).output and "NaN = missing entry" in \
