@@ -10,16 +10,19 @@ prior sensitivity.
 >>> diagnostics.sbc("hlcr", "gibbs", n_sims=200, seed=0)                          # resumable
 >>> diagnostics.vsbc("hlcr", "svi", n_sims=200, seed=0)
 >>> diagnostics.sensitivity(ref)                                                  # power-scaling + k-hat
+>>> diagnostics.sensitivity_report("hlcr", frame, "gibbs", prior_sites=["w"])     # your data -> HTML page
 >>> diagnostics.report("hlcr", {"reference": ref, "gibbs": tree_gibbs}, "out/hlcr")
 >>> diagnostics.report_index({"hlcr": "out/hlcr/report.html"}, "out")
 >>> from diagnostics.compare import compare_model, run_demo   # the pipeline of `zoo compare` / `zoo demo`
 >>> compare_model("hlcr", ["nuts", "gibbs"], "out")              # fit (or reuse), report, verdict lines
+>>> diagnostics.compare("hlcr", frame, ["gibbs", "vbem"], columns={"y": "sales", "agent": "store"})  # your data
 """
 
 from zoo import _runtime  # noqa: F401  (JAX set-up and `import numpyro` before arviz)
 
 # isort: split
 from diagnostics import plots, references
+from diagnostics.compare import compare, sensitivity_report
 from diagnostics.metrics import psis_khat
 from diagnostics.report import report, report_index
 from diagnostics.sbc import SBCResult, sbc, vsbc
@@ -27,6 +30,7 @@ from diagnostics.scorecard import VERDICTS, method_scores, reference_health, sco
 from diagnostics.sensitivity import sensitivity
 from diagnostics.view import ComparedView, compared_posterior, compared_view
 
-__all__ = ["VERDICTS", "ComparedView", "SBCResult", "compared_posterior", "compared_view", "method_scores", "plots",
+__all__ = ["VERDICTS", "ComparedView", "SBCResult", "compare", "compared_posterior", "compared_view", "method_scores",
+           "plots",
            "psis_khat", "reference_health", "references", "report", "report_index", "sbc", "scorecard",
-           "sensitivity", "vsbc"]
+           "sensitivity", "sensitivity_report", "vsbc"]

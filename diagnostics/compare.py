@@ -8,24 +8,35 @@ of its stored NUTS reference, reuse what an earlier run wrote, and write the rep
   a tree written by an earlier run with the same seed, options and data is reused (an interrupted run
   resumes), an unreadable one (truncated by a crash) is refitted;
 * ``write_comparison(spec, trees, out)``: the model's report page and one verdict line per method;
-* ``compare_model`` (both), ``run_demo`` (every model, then the index page).
+* ``compare_model`` (both), ``run_demo`` (every model, then the index page);
+* ``compare(model, data, methods)``: the same on **your own data** (a DataFrame or a dict): a NUTS reference
+  made on it to the stored references' standard and cached by the data (``own_reference``; resumable, reused
+  by a later call), then the methods and the report; an unhealthy reference makes every verdict NOT JUDGED,
+  with what to try.
 
 Messages go to ``log`` (``print`` by default; the command line passes ``typer.echo``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+import os
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import xarray as xr
 
 import inference
 import zoo
 from diagnostics import references
 from diagnostics.report import SUMMARY, first_clause, report, report_index
+from inference.api import read_data, resolve
 
 Log = Callable[[str], None]
 
@@ -50,13 +61,26 @@ def run_comparison(spec: zoo.ModelSpec | str, methods: Sequence[str], out: Path,
     data, tag = comparison_data(spec)
     prepared = {m: inference.prepare(spec, data, m, seed=seed, progress=progress,
                                      **spec.demo_options.get(m, {})) for m in methods}
-    checksum = references.data_checksum(spec, data)
+    trees = fit_prepared_methods(spec, prepared, {m: dict(spec.demo_options.get(m, {})) for m in methods},
+                                 Path(out) / spec.name, seed=seed, fresh=fresh, log=log)
+    reference = references.load(spec.name, data, tag=tag) if tag is not None else None
+    if reference is not None:
+        trees = {"reference (stored NUTS)": reference, **trees}
+    return trees
+
+
+def fit_prepared_methods(spec: zoo.ModelSpec, prepared: Mapping[str, inference.Prepared],
+                         options: Mapping[str, Mapping[str, Any]], folder: Path, *, seed: int, fresh: bool,
+                         log: Log) -> dict[str, xr.DataTree]:
+    """Run every prepared fit, each tree written to ``folder/<method>.nc`` and reused on a rerun when its
+    seed, options, data and data labels match (unless ``fresh``); an unreadable file is refitted."""
     trees = {}
     for i, (method, fit) in enumerate(prepared.items(), 1):
-        head = f"  [{i}/{len(methods)}] {spec.name}/{method}"
-        path = Path(out) / spec.name / f"{method}.nc"
-        stamp = json.dumps({"seed": seed, "options": dict(spec.demo_options.get(method, {})), "data": checksum},
-                           sort_keys=True, default=str)
+        head = f"  [{i}/{len(prepared)}] {spec.name}/{method}"
+        path = Path(folder) / f"{method}.nc"
+        stamp = json.dumps({"seed": seed, "options": dict(options.get(method, {})),
+                            "data": references.data_checksum(spec, fit.context.data),
+                            "labels": _labels_checksum(fit)}, sort_keys=True, default=str)
         if path.is_file() and not fresh:
             try:
                 tree = inference.load(path)
@@ -73,10 +97,14 @@ def run_comparison(spec: zoo.ModelSpec | str, methods: Sequence[str], out: Path,
         inference.save(tree, path)
         trees[method] = tree
         log(f"{head}: {time.time() - t0:.1f} s (compile {tree.attrs['compile_seconds']:.1f} s) -> {path}")
-    reference = references.load(spec.name, data, tag=tag) if tag is not None else None
-    if reference is not None:
-        trees = {"reference (stored NUTS)": reference, **trees}
     return trees
+
+
+def _labels_checksum(fit: inference.Prepared) -> str:
+    """sha256 of a prepared fit's axis labels and table provenance (a rerun with renamed columns refits)."""
+    text = json.dumps({"labels": {k: np.asarray(v).tolist() for k, v in fit.axis_labels.items()},
+                       "source": dict(fit.provenance)}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def write_comparison(spec: zoo.ModelSpec | str, trees: Mapping[str, xr.DataTree], out: Path, *,
@@ -122,3 +150,247 @@ def run_demo(out: Path, models: Sequence[str] | None = None, *, methods: Mapping
     index = Path(report_index(pages, out))
     log(f"demo finished in {time.time() - t0:.0f} s; open {index.resolve()}")
     return index
+
+
+# --------------------------------------------------------------------------------------------------
+# Your own data: a NUTS reference made (and cached) on it, then the same comparison
+# --------------------------------------------------------------------------------------------------
+
+OWN_REFERENCE_LABEL = "reference (NUTS on your data)"
+
+
+def default_cache_dir() -> Path:
+    """Where references made on users' data are cached: ``$BAYES_ZOO_CACHE/references``, default
+    ``~/.cache/bayes-zoo/references``."""
+    return Path(os.environ.get("BAYES_ZOO_CACHE", Path.home() / ".cache" / "bayes-zoo")) / "references"
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnReference:
+    """A NUTS reference made on a user's data: the tree, whether it passed the stored-reference standard, whether
+    it came from the cache (no NUTS run), its cache folder and the seconds spent making it now (0 when reused)."""
+
+    tree: xr.DataTree
+    healthy: bool
+    reused: bool
+    folder: Path
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """What ``compare`` did: the report page, each method's verdict, the reference, and wall seconds of the
+    reference, the method fits and the whole call."""
+
+    page: Path
+    verdicts: dict[str, str]
+    reference: OwnReference
+    seconds: dict[str, float]
+
+
+def reference_cache_key(spec: zoo.ModelSpec, data: Mapping[str, Any], settings: Mapping[str, Any], seed: int,
+                        crosscheck: Any) -> str:
+    """The cache key of a reference made on ``data``: sha256 of the model, the validated data arrays
+    (``references.data_checksum``: the bytes a file was read into, never re-simulated), the NUTS settings and
+    hyperparameters, the seed and the cross-check."""
+    doc = {"model": spec.name, "data": references.data_checksum(spec, data), "settings": dict(settings),
+           "seed": seed, "crosscheck": crosscheck}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=repr).encode()).hexdigest()[:20]
+
+
+def _exact_samplers(spec: zoo.ModelSpec) -> list[str]:
+    from inference._methods import get_method
+
+    return [m for m in inference.methods_for(spec) if m != "nuts" and get_method(spec, m).kind == "sampler"]
+
+
+def _more_advice(spec: zoo.ModelSpec, settings: Mapping[str, Any]) -> list[str]:
+    """What to try when a reference on the user's data fails, beyond ``references.advice``."""
+    out = [f"a longer run: reference={{'num_warmup': {2 * settings['num_warmup']}, 'num_samples': "
+           f"{2 * settings['num_samples']}}} (zoo compare --reference num_samples={2 * settings['num_samples']})"]
+    if not settings.get("dense_mass"):
+        out.append("a dense mass matrix for correlated posteriors: reference={'dense_mass': True} "
+                   "(zoo compare --reference dense_mass=True)")
+    exact = _exact_samplers(spec)
+    if exact:
+        out.append(f"the model's exact kernel {exact[0]!r} (a sampler of the same posterior) as the reference: fit it "
+                   f"long (4 chains of several thousand sweeps) and pass it to diagnostics.report(model, "
+                   f"{{'reference ({exact[0]})': tree, ...}})")
+    return out
+
+
+def own_reference(spec: zoo.ModelSpec | str, data: Mapping[str, Any], *, settings: Mapping[str, Any],
+                  seed: int = 0, crosscheck: Any = True, cache_dir: str | os.PathLike | None = None,
+                  fresh: bool = False, progress: bool = True, log: Log = print) -> OwnReference:
+    """The NUTS reference of ``spec`` on ``data`` (validated arrays), made to the stored references' standard
+    (``references.generate``: health rule, second seed, the model's exact cross-check) and cached under
+    ``cache_dir/<model>/<reference_cache_key>/``: ``reference.nc`` when healthy, ``reference-unhealthy.nc``
+    (its validation record, failures and advice in ``attrs["validation"]``) when not. A later call with the same
+    data and settings loads it (``reused``); an interrupted one resumes from the runs checkpointed in
+    ``work/`` (each written atomically when it finishes). ``fresh``: remake it."""
+    from inference.trees import data_of
+
+    spec = zoo.get(spec)
+    cross = spec.reference_crosscheck if crosscheck is True else (crosscheck or None)
+    key = reference_cache_key(spec, data, settings, seed, cross)
+    folder = Path(cache_dir or default_cache_dir()) / spec.name / key
+    if fresh:
+        shutil.rmtree(folder, ignore_errors=True)
+    for name, healthy in (("reference.nc", True), ("reference-unhealthy.nc", False)):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            tree = inference.load(path)
+        except ValueError as err:
+            log(f"reference: {path} is unreadable ({err}); making it again")
+            path.unlink()
+            continue
+        if references.data_mismatch(spec, data_of(tree), data) is None:
+            log(f"reference: reusing the cached {'healthy' if healthy else 'UNHEALTHY'} NUTS reference {path} "
+                f"(made in {float(tree.attrs.get('wall_seconds', float('nan'))):.0f} s)")
+            return OwnReference(tree, healthy, True, folder, 0.0)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "key.json").write_text(json.dumps({"model": spec.name, "settings": dict(settings), "seed": seed,
+                                                 "crosscheck": cross}, indent=1, default=repr))
+    t0 = time.time()
+    try:
+        tree = references.generate(spec.name, data, tag=f"yours-{key[:8]}", seed=seed, path=folder / "reference.nc",
+                                   work=folder / "work", progress=progress, log=log, crosscheck=cross, **settings)
+        healthy = True
+    except references.UnhealthyReference as exc:
+        tree = inference.load(folder / "work" / "main.nc")
+        record = {**exc.record, "advice": list(exc.record.get("advice", [])) + _more_advice(spec, settings)}
+        tree.attrs.update({"validation": json.dumps(record, default=repr), "reliable": 0})
+        inference.save(tree, folder / "reference-unhealthy.nc")
+        shutil.rmtree(folder / "work", ignore_errors=True)
+        log(f"reference: NOT healthy ({'; '.join(record['failures'])}); every method will be NOT JUDGED")
+        healthy = False
+    return OwnReference(tree, healthy, False, folder, time.time() - t0)
+
+
+def compare(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str] | None = None, *,
+            out: str | os.PathLike = "zoo-compare", columns: Mapping[str, Any] | None = None, dropna: bool = False,
+            seed: int = 0, hyper: Mapping[str, Any] | None = None,
+            options: Mapping[str, Mapping[str, Any]] | None = None, reference: Mapping[str, Any] | None = None,
+            crosscheck: Any = True, cache_dir: str | os.PathLike | None = None, fresh: bool = False,
+            fresh_reference: bool = False, progress: bool = True, log: Log = print) -> Comparison:
+    """Compare ``methods`` with MCMC on your own data: a NUTS reference made on ``data`` and cached
+    (``own_reference``), every method fitted on the same data, and the report of ``zoo compare`` written to
+    ``out/<model>/report.html`` with a verdict per method (NOT JUDGED, with what to try, when the reference
+    cannot be made healthy).
+
+    Parameters
+    ----------
+    model, data:   a model name and a pandas DataFrame (read with ``columns``/``dropna``, as ``inference.fit``)
+                   or a dict of arrays.
+    methods:       default: every method of the model.
+    hyper:         hyperparameters, the same for the reference and every method (default: the model's
+                   ``reference_options``).
+    options:       per-method options over the model's ``demo_options``: ``{"gibbs": {"num_samples": 4000}}``.
+    reference:     NUTS options of the reference over ``references.reference_settings`` (4 chains, ...).
+    crosscheck:    True: the model's exact cross-check sampler as for the stored references; None: none.
+    cache_dir:     where references are cached (``default_cache_dir()``); ``fresh_reference`` remakes it,
+                   ``fresh`` refits the methods.
+
+    Every argument, method and option is checked before anything runs (``ValueError`` naming it).
+    """
+    t_start = time.time()
+    spec = zoo.get(model)
+    chosen = list(methods) if methods else inference.methods_for(spec)
+    hyper, options, reference = dict(hyper or {}), dict(options or {}), dict(reference or {})
+    for key in hyper:
+        if key not in spec.hyperparameters:
+            raise ValueError(f"hyper: {key!r} is not a hyperparameter of {spec.name!r} "
+                             f"(hyperparameters: {sorted(spec.hyperparameters)})")
+    for key in reference:
+        if key in spec.hyperparameters:
+            raise ValueError(f"reference: {key!r} is a hyperparameter; give it in hyper=, which the reference and "
+                             f"every method share")
+    for key in options:
+        if key not in chosen:
+            raise ValueError(f"options: {key!r} is not one of the compared methods {chosen}")
+    table = read_data(spec, data, columns, dropna)
+    settings = references.reference_settings(spec.name, **reference, **hyper)
+    resolve(spec, "nuts", settings)                       # the reference's options, checked before any run
+    ref_hyper = {k: v for k, v in settings.items() if k in spec.hyperparameters}
+    per_method = {m: {**{k: v for k, v in spec.demo_options.get(m, {}).items() if k not in spec.hyperparameters},
+                      **ref_hyper, **options.get(m, {})} for m in chosen}
+    prepared = {m: inference.prepare(spec, data, m, seed=seed, columns=columns, dropna=dropna, progress=progress,
+                                     **per_method[m]) for m in chosen}
+    n_rows = len(next(iter(table.data.values())))
+    log(f"{spec.name}: {n_rows} rows; methods {', '.join(chosen)}; reference NUTS {settings['num_chains']} chains x "
+        f"({settings['num_warmup']} + {settings['num_samples']})")
+    ref = own_reference(spec, table.data, settings=settings, seed=seed, crosscheck=crosscheck, cache_dir=cache_dir,
+                        fresh=fresh_reference, progress=progress, log=log)
+    t_methods = time.time()
+    trees = fit_prepared_methods(spec, prepared, per_method, Path(out) / spec.name, seed=seed, fresh=fresh, log=log)
+    seconds = {"reference": ref.seconds, "methods": time.time() - t_methods}
+    page = write_comparison(spec, {OWN_REFERENCE_LABEL: ref.tree, **trees}, Path(out), log=log)
+    summary = json.loads((page.parent / SUMMARY).read_text())
+    seconds["total"] = time.time() - t_start
+    return Comparison(page=page, verdicts={m: v["verdict"] for m, v in summary.get("methods", {}).items()},
+                      reference=ref, seconds=seconds)
+
+
+# --------------------------------------------------------------------------------------------------
+# Prior sensitivity on your own data
+# --------------------------------------------------------------------------------------------------
+
+def prior_sites_of(spec: zoo.ModelSpec, data: Mapping[str, Any], hyper: Mapping[str, Any]) -> list[str]:
+    """The prior sites of ``spec``'s model on validated ``data`` (the ``log_prior`` variables of its trees: every
+    sample site that is not a likelihood site), found by tracing the model abstractly (``jax.eval_shape``:
+    nothing compiles)."""
+    import jax
+
+    from inference.trees import trace_model
+
+    names: list[str] = []
+
+    def sites():
+        trace = trace_model(spec, spec.inputs(dict(data), dict(hyper)))
+        names.extend(n for n, s in trace.items() if s["type"] == "sample" and n not in spec.likelihood_sites)
+        return 0
+
+    jax.eval_shape(sites)
+    return names
+
+
+def sensitivity_report(model: zoo.ModelSpec | str, data: Any, method: str = "nuts", *,
+                       out: str | os.PathLike = "zoo-sensitivity", prior_sites: Sequence[str] | None = None,
+                       columns: Mapping[str, Any] | None = None, dropna: bool = False, seed: int = 0,
+                       hyper: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
+                       fresh: bool = False, progress: bool = True, log: Log = print) -> Path:
+    """Prior sensitivity on your own data: fit ``method`` (the model's demo options, then ``hyper`` and
+    ``options``) on ``data`` (a DataFrame read with ``columns``/``dropna``, or a dict) and write the power-scaling
+    page ``out/<model>/sensitivity/sensitivity.html`` (``diagnostics.report.sensitivity_page``: table, plots,
+    Pareto k-hat flags). ``prior_sites`` scales only those prior sites (selective power-scaling). The fit is
+    saved beside the page and reused by a rerun with the same data and options (unless ``fresh``). Every
+    argument is checked before the fit (``ValueError`` naming it). Returns the page's path."""
+    from diagnostics.report import sensitivity_page
+
+    spec = zoo.get(model)
+    opts = {**spec.demo_options.get(method, {}), **dict(hyper or {}), **dict(options or {})}
+    if prior_sites is not None:                 # checked on the validated data before prepare makes any key
+        _, _, model_hyper, _ = resolve(spec, method, opts)
+        known = prior_sites_of(spec, read_data(spec, data, columns, dropna).data, model_hyper)
+        bad = [p for p in prior_sites if p not in known]
+        if bad or not prior_sites:
+            raise ValueError(f"prior_sites: {bad or 'an empty list'} not among the prior sites of {spec.name!r} "
+                             f"({known})")
+    prepared = inference.prepare(spec, data, method, seed=seed, columns=columns, dropna=dropna, progress=progress,
+                                 **opts)
+    folder = Path(out) / spec.name / "sensitivity"
+    tree = fit_prepared_methods(spec, {method: prepared}, {method: opts}, folder, seed=seed, fresh=fresh,
+                                log=log)[method]
+    page = sensitivity_page(tree, folder, label=method, prior_sites=list(prior_sites) if prior_sites else None)
+    summary = json.loads((folder / "sensitivity.json").read_text())
+    if summary.get("failed"):
+        log(f"  {spec.name}/{method}: the sensitivity check failed (see {page})")
+    else:
+        flagged = summary["flagged"]
+        khat = max(summary["khat_prior"], summary["khat_likelihood"])
+        log(f"  {spec.name}/{method}: " + (f"{len(flagged)} prior-sensitive quantities: {', '.join(flagged[:8])}"
+                                           if flagged else "no quantity is prior-sensitive")
+            + ("" if summary["reliable"] else f" (UNRELIABLE: Pareto k-hat {khat:.2f} > 0.7)"))
+    return page

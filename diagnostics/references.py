@@ -224,14 +224,16 @@ def advice(record: dict) -> list[str]:
 
 
 def generate(name: str, data: Mapping[str, Any] | None = None, *, tag: str = "default", seed: int = 0,
-             path: str | Path | None = None, progress: bool | None = None, log=None,
+             path: str | Path | None = None, work: str | Path | None = None, progress: bool | None = None, log=None,
              crosscheck: tuple[str, Mapping[str, Any]] | None | bool = True, **options: Any) -> xr.DataTree:
     """Run, validate and store the reference posterior of ``name`` on ``data`` (module docstring); returns the
     stored tree. Raises ``UnhealthyReference`` (nothing stored) when any check fails.
 
     Options: NUTS options and hyperparameters (``reference_settings``). ``crosscheck``: True = the spec's
     ``reference_crosscheck``, None/False = none, or ``(method, options)``. ``log``: a callable receiving
-    progress lines (default: silent); ``progress``: NumPyro/kernel progress bars.
+    progress lines (default: silent); ``progress``: NumPyro/kernel progress bars. ``path``: where to store it
+    (default ``reference_path(name, tag)``); ``work``: where each finished run is checkpointed (default
+    ``work_dir(name, tag)``), kept when the reference is refused.
     """
     from diagnostics.health import Z_MAX, agreement, mcmc_health
     from diagnostics.scorecard import compared_posterior
@@ -247,7 +249,7 @@ def generate(name: str, data: Mapping[str, Any] | None = None, *, tag: str = "de
     if cross is not None:
         cross = (cross[0], {**dict(cross[1]), **hyper})
     stamp = _stamp(name, tag, seed, opts, cross)
-    work = work_dir(name, tag)
+    work = Path(work) if work is not None else work_dir(name, tag)
     n_runs = 3 if cross else 2
     label = f"{name}/{tag}"
     nuts = f"{opts['num_chains']} chains x ({opts['num_warmup']} warm-up + {opts['num_samples']} draws)"
@@ -301,7 +303,7 @@ def generate(name: str, data: Mapping[str, Any] | None = None, *, tag: str = "de
     for f in ("main.nc", "second_seed.nc", "crosscheck.nc"):
         (work / f).unlink(missing_ok=True)
     for folder in (work, work.parent):
-        if folder.is_dir() and not any(folder.iterdir()):
+        if folder.is_dir() and not any(folder.iterdir()) and folder != REFERENCE_DIR:
             folder.rmdir()
     return main
 

@@ -240,7 +240,6 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
     """
     from diagnostics import plots
     from diagnostics.scorecard import method_scores, scorecard
-    from diagnostics.sensitivity import sensitivity
     from diagnostics.view import compared_views
 
     spec = zoo.get(model)
@@ -298,6 +297,9 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
             words = ("<p>The reference is <b>NOT healthy</b>, so every method is NOT JUDGED: the scores below are "
                      "shown for information only. What failed:</p><ul>"
                      + "".join(f"<li>{_esc(f)}</li>" for f in health["failures"]) + "</ul>")
+            if health.get("advice"):
+                words += ("<p>What to try:</p><ul class='advice'>"
+                          + "".join(f"<li>{_esc(a)}</li>" for a in health["advice"]) + "</ul>")
         sections.append(("reference", "The MCMC reference", words + _table(hdf)))
 
     # --- per-method table
@@ -363,29 +365,9 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
     sections.append(("plots", "Plots", "".join(figs)))
 
     # --- sensitivity
-    try:
-        sens = sensitivity(ordered[sens_key], var_names=var_names)
-        summary["sensitivity"] = {"of": sens_key, "flagged": [str(i) for i in sens.index[sens["diagnosis"] != "✓"]],
-                                  "khat_prior": sens.attrs["khat_prior"],
-                                  "khat_likelihood": sens.attrs["khat_likelihood"]}
-        flagged = sens[sens["diagnosis"] != "✓"]
-        shown = sens if len(sens) <= MAX_SCORECARD_ROWS else pd.concat([flagged, sens[sens["diagnosis"] == "✓"]]).head(
-            MAX_SCORECARD_ROWS)
-        words = ("No quantity is sensitive to the prior: the data, not the prior, decide the posterior."
-                 if not len(flagged) else
-                 f"{len(flagged)} of {len(sens)} quantities are sensitive to the prior (see the flag column).")
-        if not sens["reliable"].all():
-            words += (f" The check itself is unreliable here: the power-scaling weights have Pareto k-hat "
-                      f"{max(sens.attrs['khat_prior'], sens.attrs['khat_likelihood']):.2f} > 0.7.")
-        table = shown[["prior", "likelihood", "khat_prior", "khat_likelihood", "flag"]].rename_axis("quantity")
-        body = (f"<p>Power-scaling of the fit <b>{_esc(sens_key)}</b> (Kallioinen et al. 2024). {words}</p>"
-                + _table(table, index=True, text_cols=("flag",), scroll=True)
-                + _figure(out_dir, "sensitivity.png",
-                          "Posterior marginals with the prior (left) or likelihood (right) raised to the power 0.8 "
-                          "and 1.25: curves that move with the prior mean prior-sensitive quantities.",
-                          lambda p: plots.plot_sensitivity(ordered[sens_key], p, var_names=var_names)))
-    except Exception as exc:  # noqa: BLE001
-        body = f"<div class='error'>sensitivity check failed: {html.escape(repr(exc))}</div>"
+    body, sens_summary, _ = sensitivity_section(ordered[sens_key], sens_key, out_dir, var_names=var_names)
+    if sens_summary is not None:
+        summary["sensitivity"] = sens_summary
     sections.append(("sensitivity", "Prior sensitivity", body))
 
     # --- SBC
@@ -425,6 +407,77 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
     page = out_dir / PAGE
     _write(page, _html(f"bayes-zoo: {spec.name}", head + body))
     _write(out_dir / SUMMARY, json.dumps(summary, indent=1, default=_json_default))
+    return page
+
+
+def sensitivity_section(tree, label: str, out_dir: Path, *, var_names: Sequence[str] | None = None,
+                        prior_sites: Sequence[str] | None = None) -> tuple[str, dict | None, pd.DataFrame | None]:
+    """(HTML, summary, table) of the power-scaling check of one fit (``diagnostics.sensitivity``): a sentence, the table
+    (prior and likelihood sensitivity, Pareto k-hat of the power-scaling weights, the flag in words) and
+    ``sensitivity.png``; ``prior_sites`` scales only those priors. Summary and table are None when the check
+    failed (the HTML then says why)."""
+    from diagnostics import plots
+    from diagnostics.sensitivity import sensitivity
+
+    try:
+        sens = sensitivity(tree, var_names=var_names, prior_sites=prior_sites)
+    except Exception as exc:  # noqa: BLE001
+        return f"<div class='error'>sensitivity check failed: {html.escape(repr(exc))}</div>", None, None
+    flagged = sens[sens["diagnosis"] != "✓"]
+    summary = {"of": label, "flagged": [str(i) for i in flagged.index], "khat_prior": sens.attrs["khat_prior"],
+               "khat_likelihood": sens.attrs["khat_likelihood"], "prior_sites": sens.attrs["prior_sites"],
+               "reliable": bool(sens["reliable"].all())}
+    shown = sens if len(sens) <= MAX_SCORECARD_ROWS else pd.concat([flagged, sens[sens["diagnosis"] == "✓"]]).head(
+        MAX_SCORECARD_ROWS)
+    words = ("No quantity is sensitive to the prior: the data, not the prior, decide the posterior."
+             if not len(flagged) else
+             f"{len(flagged)} of {len(sens)} quantities are sensitive to the prior (see the flag column).")
+    if not sens["reliable"].all():
+        words += (f" The check itself is unreliable here: the power-scaling weights have Pareto k-hat "
+                  f"{max(sens.attrs['khat_prior'], sens.attrs['khat_likelihood']):.2f} > 0.7.")
+    scaled = ("every prior site" if prior_sites is None else
+              "only the prior site(s) " + ", ".join(f"<b>{_esc(p)}</b>" for p in sens.attrs["prior_sites"]))
+    table = shown[["prior", "likelihood", "khat_prior", "khat_likelihood", "flag"]].rename_axis("quantity")
+    body = (f"<p>Power-scaling of the fit <b>{_esc(label)}</b> (Kallioinen et al. 2024), scaling {scaled}. "
+            f"{words}</p>" + _table(table, index=True, text_cols=("flag",), scroll=True)
+            + _figure(out_dir, "sensitivity.png",
+                      "Posterior marginals with the prior (left) or likelihood (right) raised to the power 0.8 "
+                      "and 1.25: curves that move with the prior mean prior-sensitive quantities.",
+                      lambda p: plots.plot_sensitivity(tree, p, var_names=var_names, prior_sites=prior_sites)))
+    return body, summary, sens
+
+
+SENSITIVITY_PAGE = "sensitivity.html"
+
+
+def sensitivity_page(tree, out_dir: str | os.PathLike, *, label: str | None = None,
+                     var_names: Sequence[str] | None = None, prior_sites: Sequence[str] | None = None) -> Path:
+    """Write ``out_dir/sensitivity.html`` (+ ``sensitivity.png``, ``sensitivity.csv``, ``sensitivity.json``): the
+    power-scaling check of one fit on its own, as ``zoo sensitivity`` shows it; returns the page's path."""
+    from diagnostics.view import compared_view
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    view = compared_view(tree)
+    spec = view.spec
+    label = label or view.name
+    body, summary, table = sensitivity_section(view, label, out_dir, var_names=var_names, prior_sites=prior_sites)
+    if table is not None:
+        table.to_csv(out_dir / "sensitivity.csv", index_label="quantity")
+    name = spec.name if spec is not None else str(view.tree.attrs.get("model", "model"))
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    head = (f"<h1>{_esc(name)}: prior sensitivity</h1>"
+            + (f"<p class='lead'>{_esc(spec.description or spec.paper)}</p>" if spec is not None else "")
+            + f"<p class='muted'>Fit: {_esc(label)}. Generated {stamp}.</p>")
+    reading = ("<p>Each prior (or the likelihood) is raised to a power near 1 and the draws are re-weighted by "
+               "importance sampling, nothing refitted; <i>prior</i> and <i>likelihood</i> are how fast each "
+               "quantity's distribution moves (cumulative Jensen-Shannon distance per log2 of the power). Both "
+               f">= {0.05}: prior-data conflict; prior only: a strong prior or weak likelihood. The Pareto k-hat "
+               "of the importance weights says whether the re-weighting can be trusted (<= 0.7).</p>")
+    page = out_dir / SENSITIVITY_PAGE
+    _write(page, _html(f"bayes-zoo: {name} prior sensitivity",
+                       head + f"<section id='sensitivity'><h2>Prior sensitivity</h2>{reading}{body}</section>"))
+    _write(out_dir / "sensitivity.json", json.dumps(summary or {"failed": True}, indent=1, default=_json_default))
     return page
 
 

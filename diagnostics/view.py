@@ -180,10 +180,23 @@ class ComparedView:
 
     @cached_property
     def health(self) -> dict:
-        """``diagnostics.health.mcmc_health`` of the tree on this view's compared quantities (once)."""
+        """``diagnostics.health.mcmc_health`` of the tree on this view's compared quantities (once). A reference
+        whose validation record (``attrs["validation"]``, ``diagnostics.references.generate``) failed a check
+        of the stored-reference standard beyond this rule (the second seed, the exact cross-check) is
+        unhealthy too: those failures and the record's ``advice`` are added."""
         from diagnostics.health import mcmc_health
 
-        return mcmc_health(self.tree, self.ds)
+        health = mcmc_health(self.tree, self.ds)
+        try:
+            record = json.loads(self.tree.attrs.get("validation", "{}"))
+        except (TypeError, ValueError):
+            record = {}
+        extra = [f for f in record.get("failures", []) if f not in health["failures"]]
+        if extra:
+            health = {**health, "failures": health["failures"] + extra, "reliable": False}
+        if record.get("advice") and not health["reliable"]:
+            health = {**health, "advice": list(record["advice"])}
+        return health
 
     @cached_property
     def options(self) -> dict:

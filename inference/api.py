@@ -20,21 +20,27 @@ from typing import Any
 
 import jax
 import numpy as np
+import pandas as pd
 import xarray as xr
 
 import zoo
 from inference._methods import Draws, FitContext, Method, get_method, resolve_options
 from inference._timing import Stopwatch
 from inference.trees import build_tree, non_finite_as_error
+from zoo._frames import FrameData, from_frame, with_columns
 from zoo._validation import validate_data, validate_hyper
 
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
-    """A validated fit, ready to run: the method and the context it runs on."""
+    """A validated fit, ready to run: the method and the context it runs on; for data read from a table, the
+    labels of its axes (``zoo._frames.FrameData.axis_labels``) and how it was read (``provenance``), which
+    the tree carries."""
 
     method: Method
     context: FitContext
+    axis_labels: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -53,17 +59,32 @@ def resolve(model: str | zoo.ModelSpec, method: str, options: Mapping[str, Any]
     return spec, meth, hyper, opts
 
 
-def prepare(model: str | zoo.ModelSpec, data: dict, method: str, *, seed: int, **options: Any) -> Prepared:
+def read_data(spec: zoo.ModelSpec, data: Any, columns: Mapping[str, Any] | None = None, dropna: bool = False
+              ) -> FrameData:
+    """``data`` (a dict of arrays or a pandas DataFrame) as a validated ``FrameData``: a DataFrame is read by
+    the model's data contract with ``columns`` and ``dropna`` (``zoo._frames.from_frame``); a dict is taken as
+    it is (``columns``/``dropna`` are then an error, they only mean something for a table)."""
+    if isinstance(data, pd.DataFrame):
+        return from_frame(spec, data, columns, dropna=dropna)
+    for name, value, unset in (("columns", columns, None), ("dropna", dropna, False)):
+        if value is not unset:
+            raise ValueError(f"{name}: only for data given as a pandas DataFrame, got {type(data).__name__} data")
+    clean = validate_data(spec, data)
+    return FrameData(data=clean, columns={}, axis_labels={})
+
+
+def prepare(model: str | zoo.ModelSpec, data: Any, method: str, *, seed: int,
+            columns: Mapping[str, Any] | None = None, dropna: bool = False, **options: Any) -> Prepared:
     """Validate a fit (arguments as for ``fit``) before anything compiles; ``ValueError`` on the first bad
-    argument, named."""
+    argument, named (for a DataFrame, with the column a bad field was read from)."""
     get_method(zoo.get(model), method)  # the checks in fit's order: model, method, seed, hyper, options, data
     seed = check_seed(seed)
     spec, meth, hyper, opts = resolve(model, method, options)
-    clean = validate_data(spec, data)
+    table = read_data(spec, data, columns, dropna)
     if spec.check is not None:
-        spec.check(clean, hyper)
-    ctx = FitContext(spec=spec, data=clean, hyper=hyper, options=opts, key=jax.random.key(seed), seed=seed)
-    return Prepared(meth, ctx)
+        with_columns(lambda: spec.check(table.data, hyper), table.columns)
+    ctx = FitContext(spec=spec, data=table.data, hyper=hyper, options=opts, key=jax.random.key(seed), seed=seed)
+    return Prepared(meth, ctx, table.axis_labels, table.provenance if table.columns else {})
 
 
 def run(prepared: Prepared) -> Draws:
@@ -81,18 +102,31 @@ def build(prepared: Prepared, draws: Draws, *, compile_seconds: float = 0.0, run
     ctx = prepared.context
     with non_finite_as_error(prepared.name):
         return build_tree(ctx.spec, ctx.data, ctx.hyper, draws, method=prepared.name, seed=ctx.seed,
-                          options=ctx.options, compile_seconds=compile_seconds, run_seconds=run_seconds)
+                          options=ctx.options, compile_seconds=compile_seconds, run_seconds=run_seconds,
+                          axis_labels=prepared.axis_labels, data_source=prepared.provenance)
 
 
-def fit(model: str | zoo.ModelSpec, data: dict, method: str, *, seed: int, **options: Any) -> xr.DataTree:
+def fit(model: str | zoo.ModelSpec, data: Any, method: str, *, seed: int, columns: Mapping[str, Any] | None = None,
+        dropna: bool = False, **options: Any) -> xr.DataTree:
     """Fit ``model`` to ``data`` with ``method`` and return an ArviZ ``xarray.DataTree``.
 
     Parameters
     ----------
     model:   a registered name (``zoo.list_models()``) or a ``zoo.ModelSpec``.
-    data:    dict of arrays following the model's data contract (``zoo.get(model).data_fields``).
+    data:    a pandas DataFrame, or a dict of arrays following the model's data contract
+             (``zoo.get(model).data_fields``; ``zoo show MODEL`` prints both).
     method:  ``"nuts"``, ``"svi"`` or one of the model's hand-written kernels (``inference.methods_for(model)``).
     seed:    integer seed; the same seed and options give identical draws.
+    columns: for a DataFrame, field -> column name(s), e.g. ``{"X": ["price", "promo"], "y": "sales",
+             "agent": "store", "entity": "product"}``; fields not named take the column of their own name, and
+             the model's one remaining matrix field (``X`` or ``Y``) every other column (``zoo._frames``).
+             Index fields (agent, entity, group, node) take any labels; the labels, the row index and the
+             matrix field's column names become the tree's coordinates (hlcr's ``agent`` dim indexed by
+             store, ``pair`` by ``"store:product"`` with ``pair_agent``/``pair_entity`` coordinates beside it;
+             ``tree.posterior.set_xindex(["pair_agent", "pair_entity"])`` selects by either).
+    dropna:  for a DataFrame: drop the rows with a missing value where the model allows none (default: such
+             rows are a ``ValueError`` naming the column and the number of rows). NaN where the model allows it
+             (bpca's ``Y``: a missing entry) is always kept.
     options: the model's hyperparameters (``spec.hyperparameters``) and the method's options.
              Shared names: ``num_warmup``, ``num_samples``, ``num_chains`` (samplers; Gibbs counts
              sweeps), ``max_iter``/``tol`` (VB/EM/ADMM loops), ``num_steps`` (SVI), ``num_samples``
@@ -111,7 +145,7 @@ def fit(model: str | zoo.ModelSpec, data: dict, method: str, *, seed: int, **opt
     inference.NonFiniteError: the fit hit NaN/inf (draws, log densities, a kernel's floating-point
         error or NumPyro rejecting a non-finite parameter), with the method, the variable and advice.
     """
-    return fit_prepared(prepare(model, data, method, seed=seed, **options))
+    return fit_prepared(prepare(model, data, method, seed=seed, columns=columns, dropna=dropna, **options))
 
 
 def fit_prepared(prepared: Prepared) -> xr.DataTree:

@@ -179,8 +179,9 @@ def _log_density_program(spec: ModelSpec, static: tuple, batch: int):
 def dataset(arrays: Mapping[str, Any], dims: Mapping[str, list[str]], coords: Mapping[str, Any],
             lead: tuple[str, ...]) -> xr.Dataset:
     """An ``xarray.Dataset`` of ``arrays`` whose leading axes are named ``lead`` (e.g. ``("chain", "draw")``)
-    and the rest ``dims[name]`` (default ``<name>_dim_<i>``); ``coords`` label the axes they fit; bools are
-    stored as int8 (netCDF has no bool)."""
+    and the rest ``dims[name]`` (default ``<name>_dim_<i>``); ``coords`` label the axes they fit (an
+    ``xarray.Variable`` is a non-dimension coordinate, kept where its dims fit); bools are stored as int8
+    (netCDF has no bool)."""
     variables = {}
     for name, arr in arrays.items():
         arr = np.asarray(arr)
@@ -191,7 +192,13 @@ def dataset(arrays: Mapping[str, Any], dims: Mapping[str, list[str]], coords: Ma
             raise ValueError(f"dims for {name!r}: {rest} do not match its shape {arr.shape} after {lead}")
         variables[name] = (list(lead) + rest, arr)
     ds = xr.Dataset(variables)
-    usable = {d: np.asarray(c) for d, c in coords.items() if d in ds.dims and len(c) == ds.sizes[d]}
+    usable = {}
+    for name, c in coords.items():
+        if isinstance(c, xr.Variable):   # a non-dimension coordinate, e.g. pair_agent on dim pair
+            if all(d in ds.dims and ds.sizes[d] == n for d, n in c.sizes.items()):
+                usable[name] = c
+        elif name in ds.dims and len(c) == ds.sizes[name]:
+            usable[name] = np.asarray(c)
     return ds.assign_coords(usable)
 
 
@@ -216,8 +223,14 @@ def check_finite(name: str, arrays: Mapping[str, Any], method: str) -> None:
 
 def build_tree(spec: ModelSpec, data: Mapping[str, np.ndarray], hyper: Mapping[str, Any], draws,
                *, method: str, seed: int, options: Mapping[str, Any], compile_seconds: float,
-               run_seconds: float) -> xr.DataTree:
-    """Assemble the DataTree for ``draws`` (an ``inference.Draws``) of ``spec`` fitted to ``data``."""
+               run_seconds: float, axis_labels: Mapping[str, Any] | None = None,
+               data_source: Mapping[str, Any] | None = None) -> xr.DataTree:
+    """Assemble the DataTree for ``draws`` (an ``inference.Draws``) of ``spec`` fitted to ``data``.
+
+    ``axis_labels``: data-axis symbol -> labels read from a table (``zoo._frames.FrameData.axis_labels``):
+    the coordinates of the data groups' axis of that symbol and of the tree dimension ``spec.axis_dims``
+    maps it to (``feature`` labelled ``price``, ``promo``). ``data_source``: attributes saying how the data
+    were read (``FrameData.provenance``), stored as JSON."""
     posterior = {k: np.asarray(v) for k, v in draws.posterior.items()}
     check_finite("posterior", posterior, method)
     model_kwargs = spec.inputs(dict(data), dict(hyper))
@@ -234,6 +247,10 @@ def build_tree(spec: ModelSpec, data: Mapping[str, np.ndarray], hyper: Mapping[s
 
     coords = dict(spec.coords(dict(data), dict(hyper)) if spec.coords else {})
     coords.update(draws.coords)
+    for symbol, labels in (axis_labels or {}).items():
+        coords[symbol] = np.asarray(labels)
+        if symbol in spec.axis_dims:
+            coords[spec.axis_dims[symbol]] = np.asarray(labels)
     n_chain, n_draw = next(iter(posterior.values())).shape[:2]
     sample_coords = {"chain": np.arange(n_chain), "draw": np.arange(n_draw)}
     fields = {f.name: f for f in spec.data_fields}
@@ -279,6 +296,7 @@ def build_tree(spec: ModelSpec, data: Mapping[str, np.ndarray], hyper: Mapping[s
         "run_seconds": float(run_seconds),
         "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "inference_library": "bayes-zoo",
+        **{k: (v if isinstance(v, str | int | float) else _json(v)) for k, v in (data_source or {}).items()},
     }
     attrs.update({k: (v if isinstance(v, str | int | float) else _json(v)) for k, v in draws.attrs.items()})
     for name, value, cast in (("objective", draws.objective, float), ("converged", draws.converged, int),

@@ -106,7 +106,12 @@ class ModelSpec:
     dims, coords:
         names of non-sample axes per site (``{"w": ["cluster", "feature"]}``) and
         ``coords(data, hyper) -> {dim: labels}``; axes not named here get ``<site>_dim_<i>``, or the
-        name of the plate they belong to.
+        name of the plate they belong to. A coordinate given as an ``xarray.Variable`` is a non-dimension
+        coordinate on the dims it names (hlcr's ``pair_agent`` and ``pair_entity`` on ``pair``).
+    axis_dims:
+        data-axis symbol -> the tree dimension that runs along it (``{"F": "feature"}``): the labels a table
+        gives that axis (the column names of a two-axis field, the row index; ``zoo._frames``) become the
+        coordinates of that dimension, and of the data groups' axis of the same symbol.
     summaries:
         for mixtures: ``(posterior: xarray.Dataset, data, hyper) -> xarray.Dataset`` of
         label-switching-invariant quantities (same chain/draw dims) that diagnostics compare instead
@@ -158,6 +163,7 @@ class ModelSpec:
     check: Callable[[dict, dict], None] | None = None
     dims: Mapping[str, list[str]] = dataclasses.field(default_factory=dict)
     coords: Callable[[dict, dict], dict] | None = None
+    axis_dims: Mapping[str, str] = dataclasses.field(default_factory=dict)
     summaries: Callable[..., Any] | None = None
     bounded: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
     method_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)

@@ -475,6 +475,7 @@ SPEC = register(ModelSpec(
     dims={"W": ["feature", "component"], "mu": ["feature"], "z": ["row", "component"], "alpha": ["component"],
           "Y": ["row"]},
     coords=coords,
+    axis_dims={"n": "row", "D": "feature"},
     summaries=summaries,
     method_options={"nuts": {"target_accept_prob": 0.9}},
     tiny_sizes={"N": 30, "D": 5, "M": 2, "scales": (2.0, 1.0), "num_nodes": 3},

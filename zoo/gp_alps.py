@@ -450,7 +450,7 @@ SPEC = register(ModelSpec(
     hyperparameters=HYPER,
     likelihood_sites=("Y",), observed_fields=("Y",), model_inputs=model_inputs, check=check,
     dims={"u": ["latent", "rank"], "H": ["output", "latent"], "sigma2": ["output"]},
-    coords=coords, summaries=summaries, bounded={"p_on": (0.0, 1.0)},
+    coords=coords, axis_dims={"p": "output"}, summaries=summaries, bounded={"p_on": (0.0, 1.0)},
     method_options={"nuts": {"target_accept_prob": 0.9}},
     tiny_sizes={"setup": "square_wave", "n": 20},
     demo_sizes={"setup": "square_wave", "n": 60},

@@ -333,9 +333,18 @@ def check(data, hyper):
 
 
 def coords(data, hyper):
-    ps = pair_structure(data["agent"], data["entity"])
+    """Agents labelled by their labels (store names), pairs by ``"agent:entity"`` (Bambi's spelling of a level
+    of two crossed factors), with the two labels beside it as coordinates ``pair_agent`` and ``pair_entity`` on
+    the ``pair`` dim (``posterior.set_xindex(["pair_agent", "pair_entity"]).sel(pair_agent="north")``). Pairs
+    whose joined labels would collide (labels containing ``:``) are numbered 0..E-1 instead."""
+    agent, entity = np.asarray(data["agent"]), np.asarray(data["entity"])
+    ps = pair_structure(agent, entity)
+    _, first = factorize_rows(agent, entity)
+    names = np.asarray([f"{a}:{e}" for a, e in zip(agent[first], entity[first], strict=True)])
+    pair = names if len(np.unique(names)) == len(names) else np.arange(ps["n_pairs"])
     return {"cluster": np.arange(int(hyper["K"])), "feature": np.arange(data["X"].shape[1]),
-            "agent": ps["agent_ids"], "pair": np.arange(ps["n_pairs"])}
+            "agent": ps["agent_ids"], "pair": pair, "pair_agent": xr.Variable(("pair",), agent[first]),
+            "pair_entity": xr.Variable(("pair",), entity[first])}
 
 
 B2_TOY = {"K": 2, "alpha": 1.0, "beta": 0.5, "delta": 1.0, "sigma": 1.0}
@@ -396,6 +405,7 @@ SPEC = register(ModelSpec(
     dims={"w": ["cluster", "feature"], "psi": ["cluster"], "theta": ["agent", "cluster"], "y_pair": ["pair"],
           "z": ["pair"]},
     coords=coords,
+    axis_dims={"F": "feature"},
     summaries=summaries,
     bounded={"coclust": (0.0, 1.0), "psi_sorted": (0.0, 1.0)},
     method_options={"nuts": {"target_accept_prob": 0.95}},

@@ -594,8 +594,9 @@ def check(data, hyper):
 
 def coords(data, hyper):
     out = {"input": np.arange(np.asarray(data["X"]).shape[1]), "basis": np.arange(2 * int(hyper["m"]))}
-    if data.get("group") is not None:
-        out["group"] = np.arange(n_groups_of(data, hyper))
+    if data.get("group") is not None:   # the labels (subjects), or 0..J-1 when n_groups says they are indices
+        out["group"] = np.arange(hyper["n_groups"]) if hyper.get("n_groups") is not None else \
+            factorize(data["group"])[1]
         out["re_term"] = re_term_names(random_slopes(hyper))
     return out
 
@@ -684,7 +685,7 @@ def _make_spec(name, likelihood, simulate, description, demo_sizes, reference_op
         data_fields=_fields(binary), hyperparameters=hyper,
         likelihood_sites=("y",), observed_fields=("y",),
         model_inputs=lambda data, hyper, lik=likelihood: model_inputs(data, hyper, lik),
-        check=check, dims=DIMS, coords=coords, summaries=summaries,
+        check=check, dims=DIMS, coords=coords, axis_dims={"d": "input", "s": "A_col"}, summaries=summaries,
         method_options={"nuts": {"target_accept_prob": 0.95}},
         tiny_sizes={"n_groups": 4, "per_group": 5}, tiny_hyperparameters={"m": 4},
         demo_sizes=demo_sizes,

@@ -39,7 +39,8 @@ def _spec(name: str):
 
 
 # Arguments of ``inference.fit`` that have their own command-line option, never a --set.
-_OWN_OPTIONS = {"seed": "--seed", "method": "--method", "model": "MODEL", "data": "--data"}
+_OWN_OPTIONS = {"seed": "--seed", "method": "--method", "model": "MODEL", "data": "--data", "columns": "--column",
+                "dropna": "--dropna"}
 
 
 def _parse_sets(pairs: list[str]) -> dict:
@@ -64,30 +65,46 @@ def _parse_sets(pairs: list[str]) -> dict:
     return out
 
 
-def _load_data(path: Path | None, spec) -> dict:
-    import zipfile
+DataOption = Annotated[Path | None, typer.Option(
+    "--data", help="A data file: .csv or .parquet (a table, one row per observation; its columns feed the model's "
+                   "fields, see `zoo show MODEL` and --column) or .npz (the model's arrays by field name).")]
+ColumnOption = Annotated[list[str] | None, typer.Option(
+    "--column", help="FIELD=COL or FIELD=COL1,COL2,...: the column(s) of a .csv/.parquet file that feed a field "
+                     "of the model, e.g. --column y=sales --column X=price,promo --column agent=store. Fields "
+                     "not named take the column of their own name, the model's remaining matrix field every "
+                     "other column. Repeatable.")]
+DropnaOption = Annotated[bool, typer.Option(
+    "--dropna", help="Drop the rows of a .csv/.parquet file with a missing value where the model allows none "
+                     "(default: such rows are an error naming the column and the number of rows).")]
 
-    import numpy as np
 
-    if path is None:
-        return spec.default_data()[0]
-    if not path.is_file():
-        raise typer.BadParameter(f"no such file {str(path)!r}", param_hint="--data")
-    if not zipfile.is_zipfile(path):
-        raise typer.BadParameter(f"{str(path)!r} is not an .npz archive (write one with numpy.savez(path, "
-                                 f"name=array, ...), see `zoo show {spec.name}`)", param_hint="--data")
+def _load_data(path: Path | None, spec, columns: list[str] | None = None, dropna: bool = False
+               ) -> tuple[object, dict]:
+    """(data, table options for ``inference.fit``): a .csv/.parquet file as a DataFrame with its ``columns``
+    and ``dropna``; an .npz file as a dict of arrays; no file: the simulator's default dataset."""
+    from zoo._frames import parse_column_options, read_table
+
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            return {k: npz[k] for k in npz.files}
+        mapping = parse_column_options(columns or [])
     except ValueError as exc:
-        if "pickle" in str(exc):
-            raise typer.BadParameter(f"{str(path)!r} holds object arrays; store numbers or strings "
-                                     f"(numpy.savez with numeric/str arrays)", param_hint="--data") from None
-        raise typer.BadParameter(f"{str(path)!r} could not be read as an .npz archive: {exc}",
-                                 param_hint="--data") from None
-    except (OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
-        raise typer.BadParameter(f"{str(path)!r} could not be read as an .npz archive (truncated or corrupted: "
-                                 f"{type(exc).__name__}: {exc})", param_hint="--data") from None
+        raise typer.BadParameter(str(exc).removeprefix("--column: "), param_hint="--column") from None
+    if path is None:
+        if mapping or dropna:
+            raise typer.BadParameter("--column and --dropna read a .csv/.parquet file given with --data",
+                                     param_hint="--column" if mapping else "--dropna")
+        return spec.default_data()[0], {}
+    try:
+        data = read_table(path)
+    except ValueError as exc:
+        hint = f" (see `zoo show {spec.name}` for the columns or arrays it needs)" if "npz" in str(exc) else ""
+        raise typer.BadParameter(str(exc).removeprefix("path: ") + hint, param_hint="--data") from None
+    if isinstance(data, dict):
+        if mapping or dropna:
+            raise typer.BadParameter(f"{str(path)!r} is an .npz archive of arrays named by field; --column and "
+                                     f"--dropna are for .csv/.parquet tables", param_hint="--column" if mapping
+                                     else "--dropna")
+        return data, {}
+    return data, {"columns": mapping or None, "dropna": dropna}
 
 
 @app.command("list")
@@ -110,10 +127,16 @@ def show(model: Annotated[str, typer.Argument(help="Model name (see `zoo list`).
     _setup()
     from inference import methods_for
     from inference._methods import get_method
+    from zoo._frames import describe_mapping, example_header
 
     spec = _spec(model)
     typer.echo(f"{spec.name}: {spec.description or spec.paper}")
-    typer.echo("\ndata (dict of arrays):")
+    typer.echo("\ndata as a table (--data FILE.csv / .parquet; a pandas DataFrame for inference.fit), e.g. the "
+               "header")
+    typer.echo(f"  {example_header(spec)}")
+    for line in describe_mapping(spec):
+        typer.echo(f"  {line}")
+    typer.echo("\ndata as arrays (--data FILE.npz; a dict of arrays for inference.fit):")
     for f in spec.data_fields:
         shape = "(" + ", ".join(map(str, f.shape)) + ")"
         typer.echo(f"  {f.name:10s} {shape:14s} {f.kind}{' optional' if f.optional else ''}  {f.doc}")
@@ -137,22 +160,25 @@ def fit(
     method: Annotated[str, typer.Option("--method", "-m", help="nuts, svi, or a kernel of the model (`zoo show`).")
                       ] = "nuts",
     seed: Annotated[int, typer.Option(help="Random seed; the same seed and options give identical draws.")] = 0,
-    data: Annotated[Path | None, typer.Option(
-        help="An .npz file holding the model's data arrays (see `zoo show MODEL`); "
-             "default: the simulator's default dataset.")] = None,
+    data: DataOption = None,
+    column: ColumnOption = None,
+    dropna: DropnaOption = False,
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="KEY=VALUE: an option of the method or a hyperparameter, e.g. --set num_samples=500 "
                       "--set K=4. Repeatable.")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
-    """Fit MODEL with one method and save the ArviZ DataTree to --out."""
+    """Fit MODEL with one method and save the ArviZ DataTree to --out (without --data: the simulator's default
+    dataset). A table's labels (store names, subjects, its row index, its column names) become the tree's
+    coordinates."""
     _setup()
     import inference
 
     spec = _spec(model)
     options = {"progress": progress, **_parse_sets(set_ or [])}
+    values, table = _load_data(data, spec, column, dropna)
     try:
-        tree = inference.fit(spec, _load_data(data, spec), method, seed=seed, **options)
+        tree = inference.fit(spec, values, method, seed=seed, **table, **options)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     except inference.NonFiniteError as exc:
@@ -174,9 +200,30 @@ def compare(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path("zoo-compare"),
     seed: Annotated[int, typer.Option(help="Random seed for every fit.")] = 0,
     fresh: Annotated[bool, typer.Option(help="Refit even when a matching result exists in --out.")] = False,
+    data: DataOption = None,
+    column: ColumnOption = None,
+    dropna: DropnaOption = False,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="With --data: KEY=VALUE, a hyperparameter shared by the reference and every method, e.g. "
+                      "--set K=2 --set sigma=1.0. Repeatable.")] = None,
+    reference: Annotated[list[str] | None, typer.Option(
+        "--reference", help="With --data: KEY=VALUE, a NUTS option of the reference made on your data, e.g. "
+                            "--reference num_samples=4000 --reference dense_mass=True. Repeatable.")] = None,
+    cache_dir: Annotated[Path | None, typer.Option(
+        help="With --data: where references made on your data are cached (default: "
+             "$BAYES_ZOO_CACHE/references or ~/.cache/bayes-zoo/references).")] = None,
+    fresh_reference: Annotated[bool, typer.Option(help="With --data: remake the cached reference.")] = False,
 ) -> None:
-    """Fit several methods on the data of the model's stored NUTS reference and write the comparison against
-    it (scorecard, verdicts, plots, HTML report) to --out/MODEL/.
+    """Fit several methods and write the comparison with an MCMC reference (scorecard, verdicts, plots, HTML
+    report) to --out/MODEL/: on the data of the model's stored NUTS reference, or with --data on your own
+    data.
+
+    **Your own data** (--data FILE.csv/.parquet/.npz, columns as for `zoo fit`): a NUTS reference is made on it
+    to the stored references' standard (the health rule below, a second seed, and the model's exact Gibbs
+    kernel as a cross-check where it has one), cached by the data, model, hyperparameters and settings
+    (--cache-dir): a second run reuses it, an interrupted one resumes from the runs already finished. If it
+    cannot be made healthy, every method is NOT JUDGED and the report says what to try (a longer run, a dense
+    mass matrix, the model's exact kernel as the reference).
 
     Every method gets one of four verdicts:
 
@@ -197,17 +244,73 @@ def compare(
     PSIS k-hat <= 0.7. Bounded quantities (probabilities) never fail on a difference below 1 % of their range.
     """
     _setup()
+    from diagnostics.compare import compare as compare_on_data
     from diagnostics.compare import run_comparison, write_comparison
     from inference import methods_for
 
     spec = _spec(model)
     chosen = [m.strip() for m in methods.split(",") if m.strip()] or methods_for(spec)
+    if data is not None:
+        values, table = _load_data(data, spec, column, dropna)
+        try:
+            result = compare_on_data(spec, values, chosen, out=out, seed=seed, hyper=_parse_sets(set_ or []),
+                                     reference=_parse_sets(reference or []), cache_dir=cache_dir, fresh=fresh,
+                                     fresh_reference=fresh_reference, log=typer.echo, **table)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        ref = result.reference
+        typer.echo(f"reference: {'reused from the cache' if ref.reused else f'made in {ref.seconds:.0f} s'} "
+                   f"({'healthy' if ref.healthy else 'NOT healthy'}) in {ref.folder}")
+        typer.echo(f"comparison written to {result.page} ({result.seconds['total']:.0f} s)")
+        return
+    if column or dropna or set_ or reference or cache_dir or fresh_reference:
+        raise typer.BadParameter("--column, --dropna, --set, --reference, --cache-dir and --fresh-reference go "
+                                 "with --data (your own data)", param_hint="--data")
     try:  # every method and option is validated before the first fit
         trees = run_comparison(spec, chosen, out, seed=seed, fresh=fresh, log=typer.echo)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--methods" if str(exc).startswith("method:") else None
                                  ) from None
     typer.echo(f"comparison written to {write_comparison(spec, trees, out, log=typer.echo)}")
+
+
+@app.command()
+def sensitivity(
+    model: Annotated[str, typer.Argument(help="Model name (see `zoo list`).")],
+    data: DataOption = None,
+    method: Annotated[str, typer.Option("--method", "-m", help="The fit whose draws are power-scaled: nuts, svi or "
+                                                               "a kernel of the model (`zoo show`).")] = "nuts",
+    prior_sites: Annotated[str, typer.Option(
+        help="Comma-separated prior sites to power-scale (selective scaling), e.g. w,psi; default: every prior "
+             "site.")] = "",
+    column: ColumnOption = None,
+    dropna: DropnaOption = False,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="KEY=VALUE: an option of the method or a hyperparameter. Repeatable.")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path("zoo-sensitivity"),
+    seed: Annotated[int, typer.Option(help="Random seed of the fit.")] = 0,
+    fresh: Annotated[bool, typer.Option(help="Refit even when a matching fit exists in --out.")] = False,
+) -> None:
+    """Prior sensitivity of MODEL on your data (--data; default: the simulator's default dataset): fit --method,
+    power-scale the prior and the likelihood (Kallioinen et al. 2024: the draws are re-weighted, nothing is
+    refitted), and write --out/MODEL/sensitivity/sensitivity.html with the table, the plots and the Pareto k-hat
+    flags (k-hat > 0.7: the re-weighting cannot be trusted, the sensitivity is probably higher than it
+    appears).
+
+    Each quantity gets **prior** and **likelihood** sensitivities (how fast its distribution moves per log2 of
+    the power): both >= 0.05 reads *prior-data conflict*, the prior alone *strong prior / weak likelihood*."""
+    _setup()
+    from diagnostics.compare import sensitivity_report
+
+    spec = _spec(model)
+    values, table = _load_data(data, spec, column, dropna)
+    sites = [p.strip() for p in prior_sites.split(",") if p.strip()] or None
+    try:
+        page = sensitivity_report(spec, values, method, out=out, prior_sites=sites, seed=seed, fresh=fresh,
+                                  options=_parse_sets(set_ or []), log=typer.echo, **table)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    typer.echo(f"prior sensitivity written to {page}")
 
 
 @app.command()
