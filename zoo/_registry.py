@@ -76,6 +76,41 @@ class Reformulation:
 
 
 @dataclasses.dataclass(frozen=True)
+class RealDataset:
+    """A real dataset that ships inside an installed package (scikit-learn's bundled sets, pydataset's archive of
+    R datasets): read from the package's own files, never downloaded, nothing written to $HOME.
+
+    ``loader() -> (data, info)``: ``data`` is a dict in the model's data contract, ``info`` what else the loader
+    knows (held-out rows, labels, scales, feature names). ``hyper``: hyperparameters suited to these data (fit
+    options, e.g. the known noise level of hlcr or gp_alps's kernels), what ``load`` returns beside the data.
+    ``source``: the package and the dataset's name in it (``"pydataset: lme4/sleepstudy"``); ``licence``: the
+    licence of that package and, where known, of the dataset itself; ``description``: one line on what the data
+    are and how they were put in the contract (scaling, columns). ``sizes``: the size of each axis symbol of the
+    data contract (``{"n": 180, "d": 1}``) and the number of distinct labels of each index field
+    (``{"group": 18}``), what ``zoo list`` prints without loading anything (``tests/test_real_data.py``
+    checks it against the loaded data). ``in_demo``: whether the demo's real-data section fits it (False for data
+    too large for a NUTS reference).
+    """
+
+    loader: Callable[[], tuple[dict, dict]]
+    source: str
+    licence: str
+    description: str
+    sizes: Mapping[str, int]
+    hyper: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    in_demo: bool = True
+
+    def load(self) -> tuple[dict, dict]:
+        """``(data, hyper)``: the data in the model's contract and the hyperparameters suited to them."""
+        data, _ = self.loader()
+        return data, dict(self.hyper)
+
+    def size_text(self) -> str:
+        """``"n=180, d=1, group=18"``."""
+        return ", ".join(f"{k}={v}" for k, v in self.sizes.items())
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """Everything the rest of the package needs to know about one zoo entry.
 
@@ -143,6 +178,9 @@ class ModelSpec:
         ``(method, options)`` of a second exact sampler (a collapsed Gibbs kernel) that ``make references``
         runs on the reference data to validate the NUTS reference where NUTS may not mix (label switching,
         near-discrete switches); its agreement goes in the validation record. None: no cross-check.
+    real_datasets:
+        name -> ``RealDataset``: real data shipped inside an installed package, in the model's data contract
+        (``zoo list``/``zoo show`` print them, ``real_data(name)`` loads one, the demo has a real-data section).
     """
 
     name: str
@@ -170,6 +208,7 @@ class ModelSpec:
     hyper_presets: Mapping[str, Mapping[str, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
     nuts_reformulation: Reformulation | None = None
     reference_crosscheck: tuple[str, Mapping[str, Any]] | None = None
+    real_datasets: Mapping[str, RealDataset] = dataclasses.field(default_factory=dict)
 
     @property
     def default_hyper(self) -> dict[str, Any]:
@@ -188,6 +227,17 @@ class ModelSpec:
     def default_data(self, seed: int = 0) -> tuple[dict, dict]:
         """The simulator's default dataset (what ``zoo compare``/``zoo demo`` and references use)."""
         return self.simulate(seed, **self.demo_sizes)
+
+    def real_data(self, name: str | None = None) -> tuple[dict, dict]:
+        """``(data, hyper)`` of the real dataset ``name`` (None: the first declared one); ``ValueError`` naming
+        the known ones otherwise."""
+        if not self.real_datasets:
+            raise ValueError(f"name: model {self.name!r} declares no real dataset")
+        name = next(iter(self.real_datasets)) if name is None else name
+        if name not in self.real_datasets:
+            raise ValueError(f"name: model {self.name!r} has no real dataset {name!r}; it has "
+                             f"{', '.join(self.real_datasets)}")
+        return self.real_datasets[name].load()
 
 
 
