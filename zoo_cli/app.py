@@ -92,7 +92,7 @@ def _load_data(path: Path | None, spec) -> dict:
 
 @app.command("list")
 def list_models() -> None:
-    """List the registered models, their papers and methods."""
+    """List the registered models, their papers, methods and real datasets."""
     _setup()
     import inference
     import zoo
@@ -102,11 +102,13 @@ def list_models() -> None:
         typer.echo(f"{name:14s} {', '.join(inference.methods_for(spec))}")
         if spec.paper:
             typer.echo(f"{'':14s} {spec.paper}")
+        for ds_name, ds in spec.real_datasets.items():
+            typer.echo(f"{'':14s} real data: {ds_name} ({ds.source}; {ds.size_text()})")
 
 
 @app.command()
 def show(model: Annotated[str, typer.Argument(help="Model name (see `zoo list`).")]) -> None:
-    """Show a model's data contract, hyperparameters and methods with their options."""
+    """Show a model's data contract, real datasets, hyperparameters and methods with their options."""
     _setup()
     from inference import methods_for
     from inference._methods import get_method
@@ -117,6 +119,13 @@ def show(model: Annotated[str, typer.Argument(help="Model name (see `zoo list`).
     for f in spec.data_fields:
         shape = "(" + ", ".join(map(str, f.shape)) + ")"
         typer.echo(f"  {f.name:10s} {shape:14s} {f.kind}{' optional' if f.optional else ''}  {f.doc}")
+    if spec.real_datasets:
+        typer.echo("\nreal datasets (shipped in installed packages; Python: zoo.get(MODEL).real_data(NAME) -> "
+                   "(data, hyperparameters)):")
+        for ds_name, ds in spec.real_datasets.items():
+            typer.echo(f"  {ds_name:10s} {ds.source}; {ds.size_text()}")
+            typer.echo(f"  {'':10s} {ds.description}")
+            typer.echo(f"  {'':10s} hyperparameters: {dict(ds.hyper)}; licence: {ds.licence}")
     typer.echo("\nhyperparameters (options of fit):")
     for k, h in spec.hyperparameters.items():
         typer.echo(f"  {k:10s} default {h.default!r:10s} {h.constraint:12s} {h.doc}")
