@@ -2,7 +2,10 @@
 from an installed package, in the model's data contract, and the model's hand-written kernel recovers a property
 of that dataset known independently of this code (a published estimate, scikit-learn's PCA, the species labels,
 plain least squares). A garbled loader (rows shuffled against their labels, columns swapped, a wrong scale) fails
-these checks."""
+these checks.
+
+The fast tier loads every dataset and fits hlcr, mppca (iris), ppca and bpca; the SSGP and GP-ALPS fits and
+mppca on digits are ``slow`` (make test-all): their kernels' compile alone takes 10-30 s on 2 cores."""
 
 import socket
 
@@ -187,6 +190,7 @@ def test_bpca_vbem_imputes_held_out_ozone_better_than_the_mean_on_airquality():
     assert rmse_model < 1.15 * rmse_ls
 
 
+@pytest.mark.slow  # the kernel's compile alone is 10-30 s on 2 cores
 def test_ssgp_lmm_vb_recovers_lme4s_sleepstudy_slope():
     # lme4's published fit of Reaction ~ Days + (Days | Subject) (Bates et al. 2015, JSS 67(1)): fixed slope
     # 10.47 ms a day, standard error 1.55. Over the 9 days the VB population curve must rise by 9 x 10.47 ms =
@@ -196,6 +200,7 @@ def test_ssgp_lmm_vb_recovers_lme4s_sleepstudy_slope():
     assert abs((g[-1] - g[0]) - 9 * 0.1047) < 3 * 9 * 0.0155
 
 
+@pytest.mark.slow  # the kernel's compile alone is 10-30 s on 2 cores
 @pytest.mark.parametrize("name", ["ssgp_logit", "ssgp_probit"])
 def test_ssgp_binary_vb_finds_h_influenzae_becoming_rarer_over_the_weeks(name):
     # In MASS's bacteria trial the share of positive tests falls from 90 % at week 0 to 73 % at week 11
@@ -212,6 +217,7 @@ def test_ssgp_binary_vb_finds_h_influenzae_becoming_rarer_over_the_weeks(name):
     assert g[-1] - g[0] < 0.5 * (link(last) - link(first))
 
 
+@pytest.mark.slow  # the kernel's compile alone is 10-30 s on 2 cores
 def test_gp_alps_vbem_switches_on_bmi_and_s5_on_diabetes():
     # Efron et al. (2004, the diabetes data's paper): bmi and s5 (log serum triglycerides) are the first two
     # variables LARS selects. With one RBF latent per feature, VB-EM must switch both on (inclusion probability

@@ -15,6 +15,7 @@ import numpy as np
 
 from zoo import _runtime  # noqa: F401  (JAX set-up before any model module touches JAX)
 
+REAL_TAG = "real_"   # stored references of real datasets are tagged "real_<dataset>" (zoo/references/)
 DataKind = Literal["float", "int", "binary", "index"]
 # A constraint names a check of ``zoo._validation``: "positive", "nonnegative", "real", "positive_int",
 # "nonnegative_int", "unit_interval" (0, 1], "open_unit_interval" (0, 1), "probability" [0, 1], "bool",
@@ -227,6 +228,20 @@ class ModelSpec:
     def default_data(self, seed: int = 0) -> tuple[dict, dict]:
         """The simulator's default dataset (what ``zoo compare``/``zoo demo`` and references use)."""
         return self.simulate(seed, **self.demo_sizes)
+
+    def reference_sets(self) -> dict[str, tuple[dict, dict]]:
+        """Every stored reference ``make references`` makes, ``{tag: (data, options)}``: ``reference_datasets()``
+        (default: tag ``default`` on ``default_data()`` with ``reference_options``), then one ``real_<name>`` per
+        real dataset in the demo: its data, the NUTS options of ``reference_options``, and the hyperparameters'
+        defaults overridden by the dataset's ``hyper``."""
+        sets = dict(self.reference_datasets()) if self.reference_datasets else {
+            "default": (self.default_data()[0], dict(self.reference_options))}
+        nuts = {k: v for k, v in self.reference_options.items() if k not in self.hyperparameters}
+        for name, real in self.real_datasets.items():
+            if real.in_demo:
+                data, hyper = real.load()
+                sets[REAL_TAG + name] = (data, {**nuts, **self.default_hyper, **hyper})
+        return sets
 
     def real_data(self, name: str | None = None) -> tuple[dict, dict]:
         """``(data, hyper)`` of the real dataset ``name`` (None: the first declared one); ``ValueError`` naming

@@ -459,8 +459,9 @@ REAL_DATASETS = {
     "wine": RealDataset(
         loader=functools.partial(standardised_table, "wine"), source="sklearn.datasets.load_wine",
         licence=f"{SKLEARN}; {UCI}",
-        description="13 chemical measurements of 178 Italian wines from 3 cultivars (Forina et al.), standardised",
-        sizes={"n": 178, "D": 13}, hyper={"M": 2}),
+        description="13 chemical measurements of 178 Italian wines from 3 cultivars (Forina et al.), standardised; "
+                    "complete (the demo's real-data section uses airquality, which has missing cells)",
+        sizes={"n": 178, "D": 13}, hyper={"M": 2}, in_demo=False),
 }
 
 

@@ -270,9 +270,7 @@ def references(
     refused = []
     for name in models or zoo.list_models():
         spec = _spec(name)
-        sets = spec.reference_datasets() if spec.reference_datasets else {
-            "default": (spec.default_data()[0], dict(spec.reference_options))}
-        for tag, (data, options) in sets.items():
+        for tag, (data, options) in spec.reference_sets().items():
             label = f"{name}/{tag}"
             path = refs.reference_path(name, tag)
             if path.is_file():   # regenerate on the stored arrays when a re-simulation matches them (other last bits)
