@@ -90,7 +90,8 @@ class RealDataset:
     data contract (``{"n": 180, "d": 1}``) and the number of distinct labels of each index field
     (``{"group": 18}``), what ``zoo list`` prints without loading anything (``tests/test_real_data.py``
     checks it against the loaded data). ``in_demo``: whether the demo's real-data section fits it (False for data
-    too large for a NUTS reference).
+    too large for a NUTS reference); ``demo_options``: per-method options that section adds to the spec's
+    ``demo_options`` (e.g. a number of nodes for the distributed methods).
     """
 
     loader: Callable[[], tuple[dict, dict]]
@@ -100,6 +101,7 @@ class RealDataset:
     sizes: Mapping[str, int]
     hyper: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     in_demo: bool = True
+    demo_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
     def load(self) -> tuple[dict, dict]:
         """``(data, hyper)``: the data in the model's contract and the hyperparameters suited to them."""

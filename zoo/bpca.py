@@ -455,7 +455,8 @@ REAL_DATASETS = {
                                                             "Conservation and the US National Weather Service",
         description="daily ozone, solar radiation, wind and temperature in New York, May-September 1973, "
                     "standardised; 44 of 612 cells missing (NaN), as recorded",
-        sizes={"n": 153, "D": 4}, hyper={"M": 2}),
+        sizes={"n": 153, "D": 4}, hyper={"M": 2},
+        demo_options={"badmm": {"num_nodes": 3}, "dppca": {"num_nodes": 3}}),
     "wine": RealDataset(
         loader=functools.partial(standardised_table, "wine"), source="sklearn.datasets.load_wine",
         licence=f"{SKLEARN}; {UCI}",
