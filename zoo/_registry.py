@@ -91,7 +91,8 @@ class RealDataset:
     (``{"group": 18}``), what ``zoo list`` prints without loading anything (``tests/test_real_data.py``
     checks it against the loaded data). ``in_demo``: whether the demo's real-data section fits it (False for data
     too large for a NUTS reference); ``demo_options``: per-method options that section adds to the spec's
-    ``demo_options`` (e.g. a number of nodes for the distributed methods).
+    ``demo_options`` (e.g. a number of nodes for the distributed methods); ``reference_options``: NUTS options of
+    its stored reference that differ from the spec's ``reference_options`` (e.g. ``init``).
     """
 
     loader: Callable[[], tuple[dict, dict]]
@@ -102,6 +103,7 @@ class RealDataset:
     hyper: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     in_demo: bool = True
     demo_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    reference_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def load(self) -> tuple[dict, dict]:
         """``(data, hyper)``: the data in the model's contract and the hyperparameters suited to them."""
@@ -234,15 +236,15 @@ class ModelSpec:
     def reference_sets(self) -> dict[str, tuple[dict, dict]]:
         """Every stored reference ``make references`` makes, ``{tag: (data, options)}``: ``reference_datasets()``
         (default: tag ``default`` on ``default_data()`` with ``reference_options``), then one ``real_<name>`` per
-        real dataset in the demo: its data, the NUTS options of ``reference_options``, and the hyperparameters'
-        defaults overridden by the dataset's ``hyper``."""
+        real dataset in the demo: its data, the NUTS options of ``reference_options`` (then the dataset's own), and
+        the hyperparameters' defaults overridden by the dataset's ``hyper``."""
         sets = dict(self.reference_datasets()) if self.reference_datasets else {
             "default": (self.default_data()[0], dict(self.reference_options))}
         nuts = {k: v for k, v in self.reference_options.items() if k not in self.hyperparameters}
         for name, real in self.real_datasets.items():
             if real.in_demo:
                 data, hyper = real.load()
-                sets[REAL_TAG + name] = (data, {**nuts, **self.default_hyper, **hyper})
+                sets[REAL_TAG + name] = (data, {**nuts, **real.reference_options, **self.default_hyper, **hyper})
         return sets
 
     def real_data(self, name: str | None = None) -> tuple[dict, dict]:
