@@ -241,7 +241,8 @@ if RUN_BINARY:
 
 # %%
 real_rows = []
-for name, dataset in [("ssgp_lmm", "sleepstudy"), ("ssgp_logit", "bacteria")] + ([] if FAST else [("ssgp_probit", "bacteria")]):
+real_cases = [("ssgp_lmm", "sleepstudy"), ("ssgp_logit", "bacteria")] + ([] if FAST else [("ssgp_probit", "bacteria")])
+for name, dataset in real_cases:
     rspec = zoo.get(name)
     rdata, rhyper = rspec.real_data(dataset)
     rfit = inference.fit(rspec, rdata, "vb", seed=0, num_samples=200, **rhyper)
