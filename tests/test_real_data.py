@@ -247,3 +247,79 @@ def test_mppca_vbem_models_held_out_digits_better_than_one_gaussian():
     ll_mixture = V.gmm_logpdf(held_out, omega, mu, C).sum()
     ll_gaussian = multivariate_normal(data["Y"].mean(0), np.cov(data["Y"].T, bias=True)).logpdf(held_out).sum()
     assert ll_mixture > ll_gaussian
+
+
+# --------------------------------------------------------------------------------------------------
+# The demo's real-data sections (diagnostics.realdata) and their stored references
+# --------------------------------------------------------------------------------------------------
+
+def test_reference_sets_add_one_real_tag_per_demo_dataset_with_its_hyperparameters():
+    from diagnostics import references
+
+    for name in zoo.list_models():
+        spec = zoo.get(name)
+        sets = spec.reference_sets()
+        demo = {f"real_{ds}": real for ds, real in spec.real_datasets.items() if real.in_demo}
+        assert {t for t in sets if t.startswith("real_")} == set(demo)
+        for tag, real in demo.items():
+            data, options = sets[tag]
+            assert references.data_mismatch(spec, data, real.load()[0]) is None
+            hyper, nuts = references._split(spec, options)
+            assert hyper == {**spec.default_hyper, **real.hyper}     # every hyperparameter explicit
+            assert {"num_warmup", "num_samples", "num_chains"} <= set(nuts)
+            references.reference_settings(name, **options)             # valid NUTS options
+
+
+def test_real_options_give_each_kernel_the_hyperparameters_of_the_real_reference():
+    from diagnostics.realdata import real_methods, real_options
+
+    spec = zoo.get("mppca")
+    assert spec.demo_options["vbem"]["tau_fixed"] == 1.0                 # the simulated demo's
+    assert real_options(spec, "iris", "vbem")["tau_fixed"] is None        # the real reference's
+    assert real_methods(spec) == ["vbem", "em", "vbgmm"]
+    bpca = zoo.get("bpca")
+    assert real_options(bpca, "airquality", "badmm")["num_nodes"] == 3
+    assert real_options(bpca, "airquality", "vbem")["M"] == 2
+
+
+def test_stored_tags_list_real_data_references_last(monkeypatch, tmp_path):
+    from diagnostics import references
+
+    for tag in ("real_iris", "t11", "real_digits"):
+        (tmp_path / f"mppca__{tag}.nc").touch()
+    monkeypatch.setattr(references, "REFERENCE_DIR", tmp_path)
+    assert references.stored_tags("mppca") == ["t11", "real_digits", "real_iris"]
+
+
+def test_a_real_dataset_without_a_stored_reference_gets_no_section_and_says_so(monkeypatch, tmp_path):
+    from diagnostics import references
+    from diagnostics.realdata import compare_real_data
+
+    monkeypatch.setattr(references, "REFERENCE_DIR", tmp_path)
+    lines = []
+    assert compare_real_data("hlcr", tmp_path / "out", log=lines.append) == {}
+    assert lines == ["  hlcr/real data dietox: no stored reference, section skipped (make references MODELS=hlcr)"]
+
+
+@pytest.mark.slow
+def test_demo_real_data_section_judges_the_kernels_against_the_stored_reference(tmp_path):
+    # ppca on wine: both kernels get a verdict against the stored NUTS reference of wine, the page names the data,
+    # and a rerun reuses the fits.
+    import json
+
+    from diagnostics import references
+    from diagnostics.realdata import compare_real_data
+    from diagnostics.report import report_index
+
+    assert references.reference_path("ppca", "real_wine").is_file()
+    lines = []
+    pages = compare_real_data("ppca", tmp_path, progress=False, log=lines.append)
+    summary = json.loads((pages["wine"].parent / "summary.json").read_text())
+    assert set(summary["methods"]) == {"vbem", "em"}
+    assert summary["reference_health"]["reliable"]
+    assert "real data wine (sklearn.datasets.load_wine; n=178, d=13)" in pages["wine"].read_text()
+    index = report_index({"ppca / real data: wine": pages["wine"]}, tmp_path).read_text()
+    assert "ppca / real data: wine" in index and "ppca/real_wine/report.html" in index
+    again = []
+    compare_real_data("ppca", tmp_path, progress=False, log=again.append)
+    assert sum("reusing" in line for line in again) == 2
