@@ -227,8 +227,9 @@ def demo(
     fresh: Annotated[bool, typer.Option(help="Refit even when a matching result exists in --out.")] = False,
 ) -> None:
     """The main job (`make demo`): every model, every method, compared with MCMC; writes an HTML
-    report per model and an index page counting the four verdicts (PASS, FAIL, NOT CONVERGED, NOT JUDGED;
-    see `zoo compare --help`). Resumes an interrupted run unless --fresh."""
+    report per model, a real-data report per model (its own kernels on its real dataset, against the stored NUTS
+    reference of those data; `zoo list` names the datasets) and an index page counting the four verdicts (PASS,
+    FAIL, NOT CONVERGED, NOT JUDGED; see `zoo compare --help`). Resumes an interrupted run unless --fresh."""
     _setup()
     from diagnostics.compare import run_demo
 
@@ -245,7 +246,8 @@ def references(
                                              "stored draws and check its validation record.")] = False,
 ) -> None:
     """Make the stored reference posteriors in zoo/references/ (`make references`), to posteriordb's standard or
-    stricter: per model and reference dataset a long NUTS run (4 chains, 4000 stored draws), a second run with
+    stricter: per model and reference dataset (the simulated ones and each real dataset of the demo, tag
+    real_<dataset>) a long NUTS run (4 chains, 4000 stored draws), a second run with
     another seed and, where the model names one, a long run of its exact Gibbs kernel. A reference is stored
     only if R-hat < 1.01 and bulk and tail ESS >= 400 on every compared quantity, there is no divergence,
     E-BFMI > 0.3, and the other runs' compared means agree within 4 combined Monte Carlo standard errors;
