@@ -35,6 +35,7 @@ import xarray as xr
 import inference
 import zoo
 from diagnostics import references
+from diagnostics.realdata import compare_real_data
 from diagnostics.report import SUMMARY, first_clause, report, report_index
 from inference.api import read_data, resolve
 
@@ -139,7 +140,9 @@ def compare_model(spec: zoo.ModelSpec | str, methods: Sequence[str] | None, out:
 def run_demo(out: Path, models: Sequence[str] | None = None, *, methods: Mapping[str, Sequence[str]] | None = None,
              seed: int = 0, fresh: bool = False, progress: bool = True, log: Log = print) -> Path:
     """``compare_model`` for every model (``models`` None: all registered), each with every method it offers
-    or those ``methods[model]`` names, then the index page counting the verdicts; returns its path."""
+    or those ``methods[model]`` names, then its real-data sections (``diagnostics.realdata``: its kernels against
+    the stored NUTS reference of each real dataset), then the index page counting the verdicts; returns its
+    path."""
     specs = [zoo.get(name) for name in (models or zoo.list_models())]   # an unknown name fails before any fit
     t0 = time.time()
     pages = {}
@@ -147,6 +150,8 @@ def run_demo(out: Path, models: Sequence[str] | None = None, *, methods: Mapping
         chosen = list((methods or {}).get(spec.name) or inference.methods_for(spec))
         log(f"[{i}/{len(specs)}] {spec.name}: {', '.join(chosen)}")
         pages[spec.name] = compare_model(spec, chosen, out, seed=seed, fresh=fresh, progress=progress, log=log)
+        for dataset, page in compare_real_data(spec, out, seed=seed, fresh=fresh, progress=progress, log=log).items():
+            pages[f"{spec.name} / real data: {dataset}"] = page
     index = Path(report_index(pages, out))
     log(f"demo finished in {time.time() - t0:.0f} s; open {index.resolve()}")
     return index

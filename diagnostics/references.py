@@ -47,6 +47,7 @@ import zoo
 from inference import fit, log_densities, save
 from inference import load as load_tree
 from inference.trees import data_of, problem_of
+from zoo._registry import REAL_TAG
 from zoo._validation import validate_data
 
 REFERENCE_DIR = Path(zoo.__file__).resolve().parent / "references"
@@ -112,9 +113,10 @@ def reference_path(name: str, tag: str = "default") -> Path:
 
 
 def stored_tags(name: str) -> list[str]:
-    """Tags of the stored references of model ``name`` (``default`` first)."""
+    """Tags of the stored references of model ``name``: ``default`` first, those of real datasets
+    (``real_<dataset>``, ``ModelSpec.reference_sets``) last."""
     tags = sorted(p.name[len(name) + 2:-3] for p in REFERENCE_DIR.glob(f"{name}__*.nc"))
-    return sorted(tags, key=lambda t: t != "default")
+    return sorted(tags, key=lambda t: (t != "default", t.startswith(REAL_TAG)))
 
 
 def _thin(tree: xr.DataTree, max_draws: int) -> xr.DataTree:
@@ -370,13 +372,15 @@ def verify(tree: xr.DataTree, rtol: float = 1e-6) -> list[str]:
 def load(name: str, data: Mapping[str, Any] | None = None, *, tag: str | None = None) -> xr.DataTree | None:
     """The stored reference of model ``name``.
 
-    Without ``data``: the one stored under ``tag`` (default: ``"default"``, else the model's only stored tag),
+    Without ``data``: the one stored under ``tag`` (default: ``"default"``, else the model's only stored tag
+    besides those of real datasets),
     or None when there is none. With ``data``: the stored reference (under ``tag``, or any tag) whose stored
     arrays match ``data`` (``data_mismatch``), or None."""
     spec = zoo.get(name)
     tags = [tag] if tag is not None else stored_tags(name)
     if data is None:
-        tags = tags[:1] if tag is not None or "default" in tags or len(tags) == 1 else []
+        simulated = [t for t in tags if not t.startswith(REAL_TAG)]
+        tags = tags[:1] if tag is not None or "default" in tags or len(simulated) == 1 else []
     for t in tags:
         path = reference_path(name, t)
         if not path.is_file():

@@ -222,7 +222,8 @@ def _legend() -> str:
 
 def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir: str | os.PathLike, *,
            reference: str | None = None, sbc_results: Sequence = (), var_names: Sequence[str] | None = None,
-           sensitivity_of: str | None = None) -> Path:
+           sensitivity_of: str | None = None, data_note: str | None = None, index_link: str = "../index.html"
+           ) -> Path:
     """Write ``out_dir/report.html`` (+ PNGs, ``scorecard.csv``, ``methods.csv``, ``summary.json``)
     comparing every tree with the reference, and return the page's path.
 
@@ -237,6 +238,8 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
     sbc_results:  ``diagnostics.sbc``/``vsbc`` results to include (ECDF plots and tables).
     var_names:    restrict the comparison to these posterior variables.
     sensitivity_of: the key whose fit gets the power-scaling check (default: the reference).
+    data_note:    a line on the data the trees were fitted on, shown under the title (e.g. a real dataset).
+    index_link:   the index page, relative to ``out_dir``.
     """
     from diagnostics import plots
     from diagnostics.scorecard import method_scores, scorecard
@@ -256,7 +259,7 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
                              | {k: v for k, v in trees.items() if k != ref_name})
     candidates = {k: v for k, v in ordered.items() if k != ref_name}
 
-    sections, summary = [], {"model": spec.name, "reference": ref_name, "methods": {}}
+    sections, summary = [], {"model": spec.name, "reference": ref_name, "methods": {}, "data_note": data_note}
     card = scores = None
     if ref_name is not None and candidates:
         card = scorecard(ordered[ref_name], candidates, var_names=var_names)
@@ -398,10 +401,11 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     nav = " ".join(f"<a href='#{sid}'>{_esc(title)}</a>" for sid, title, _ in sections)
     head = (f"<h1>{_esc(spec.name)}</h1><p class='lead'>{_esc(spec.description or spec.paper)}</p>"
+            + (f"<p><b>Data:</b> {_esc(data_note)}</p>" if data_note else "")
             + (f"<p class='muted'>Paper: {_esc(spec.paper)}</p>" if spec.paper and spec.description else "")
             + f"<p class='muted'>Methods: {_esc(', '.join(ordered))}. Generated {stamp}. "
             + _esc(", ".join(f"{k} {v}" for k, v in versions.items() if k in ("numpyro", "jax", "arviz")))
-            + "</p><p class='muted'><a href='../index.html'>&larr; all models</a></p>"
+            + f"</p><p class='muted'><a href='{_esc(index_link)}'>&larr; all models</a></p>"
             + f"<nav>{nav}</nav>")
     body = "".join(f"<section id='{sid}'><h2>{_esc(title)}</h2>{content}</section>" for sid, title, content in sections)
     page = out_dir / PAGE
@@ -528,8 +532,8 @@ def report_index(pages: Mapping[str, str | os.PathLike], out_dir: str | os.PathL
         except ValueError:
             link = page.resolve().as_uri()
         try:
-            spec = zoo.get(name)
-            desc = spec.paper or spec.description
+            spec = zoo.get(name.split(" ")[0])   # "hlcr / real data: dietox" rows name their model first
+            desc = spec.paper or spec.description if name == spec.name else summary.get("data_note", "")
         except ValueError:
             desc = ""
         verdicts = summary.get("methods", {})

