@@ -33,9 +33,13 @@ joint posterior p(z, w, theta, psi | y) invariant; it targets exactly the collap
 which is unbounded at the simplex boundary (``zoo.hlcr.summaries``).
 
 Cost per sweep O(E K F^2 + K F^3 + N K) after one O(events F^2) pass, memory O(E F^2) for the statistics.
-When to prefer which kernel (benchmarks/bench_hlcr_scale.py, README): the collapsed kernel mixes better per
-sweep when clusters overlap (w and theta are not held fixed while labels move); this one wins per second
-as soon as there are more than a few hundred pairs, since a sweep is a handful of dense array operations.
+When to prefer which kernel (``benchmarks/bench_hlcr_scale.py``, README "which kernel when"): a blocked sweep is
+a handful of dense array operations, so it is several times cheaper than a collapsed one from a few hundred
+pairs on; but with w and theta held fixed while the labels move it mixes worse per sweep, and it burns in
+much more slowly: a label can move to a cluster only where theta_ik is not negligible, and theta_ik ~
+Gamma(beta psi_k + N_ik) underflows for clusters an agent does not use, so merged or split clusters are undone
+only by rare moves (from all labels equal on 2,000 agents it stays in the merged state; from random labels it
+needs ~10x the collapsed kernel's sweeps to reach the stationary log joint on 5,000 pairs).
 """
 
 from __future__ import annotations
