@@ -39,6 +39,7 @@ TINY = {  # short runs: the campaign is about what happens, not about posterior 
     "nuts": dict(num_warmup=20, num_samples=10, num_chains=1, max_tree_depth=3),
     "svi": dict(num_steps=50, num_samples=10),
     "gibbs": dict(num_warmup=5, num_samples=10, num_chains=1),
+    "gibbs_blocked": dict(num_warmup=5, num_samples=10, num_chains=1),
     "vbem": dict(max_iter=5, num_samples=10),
     "vb": dict(max_iter=5, num_samples=10),
     "em": dict(max_iter=5),

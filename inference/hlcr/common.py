@@ -11,6 +11,7 @@ and per-cluster sums, so an agent can run it on its own pairs and a server on su
 * ``pair_log_predictive``: log p(y_e | z_e = k, other pairs' stats) for every k, by the normaliser
   ratio (notes §3.1, corrected Theorem 1);
 * ``prior_logits``: the label prior, exact hierarchical (notes P1) or the paper's eq. (2);
+* ``collapsed_log_joint``: log p(y | z) + log p(z | psi) + log p(psi), the objective of both Gibbs kernels;
 * ``antoniak_table_totals`` / ``sample_log_dirichlet``: the auxiliary-variable psi update (notes P1);
 * ``relabel``/``match_labels``: Hungarian matching of labels to a reference;
 * ``cluster_posteriors``: Theorem 2's per-cluster posterior (m_k, H_k) for given labels;
@@ -208,6 +209,20 @@ def log_prior_labels(n_agent, log_psi, beta):
     bp = beta * jnp.exp(log_psi)
     Ni = n_agent.sum(-1)
     return jnp.sum(gammaln(beta) - gammaln(beta + Ni)) + jnp.sum(gammaln(bp + n_agent) - gammaln(bp))
+
+
+def collapsed_log_joint(D, c, const_total, n_agent, log_psi, hyper):
+    """log p(y | z) + log p(z | psi) + log Dir(psi | alpha/K) with w and theta integrated out (notes §3.4,
+    [ours]): sum_k logZ(D_k, c_k) - K F log delta + sum_e const_e + ``log_prior_labels`` + the Dirichlet density
+    of psi. ``D`` (K, F, F) includes the prior precision I/delta^2; ``const_total`` = sum_e const_e (``PairData``).
+    The objective of both Gibbs kernels (collapsed ``gibbs`` and blocked ``gibbs_blocked``)."""
+    from jax.scipy.special import gammaln
+
+    K, F = D.shape[0], D.shape[-1]
+    ev = jnp.sum(log_normaliser(D, c)) - K * F * jnp.log(hyper.delta) + const_total
+    a = hyper.alpha / K
+    lp_psi = gammaln(hyper.alpha) - K * gammaln(a) + (a - 1) * jnp.sum(log_psi)
+    return ev + log_prior_labels(n_agent, log_psi, hyper.beta) + lp_psi
 
 
 def log_evidence(D, c, n_events, q_total, sigma, delta):

@@ -56,9 +56,9 @@ from inference.hlcr.common import (
     PairData,
     antoniak_table_totals,
     cluster_state,
+    collapsed_log_joint,
     draw_conditionals,
     log_normaliser,
-    log_prior_labels,
     make_hyper,
     pair_data,
     prior_logits,
@@ -211,17 +211,10 @@ def sweep(key, state: State, problem: Problem, hyper: Hyper, prior: str = "exact
 
 
 def log_joint(state: State, pdat: PairData, hyper: Hyper):
-    """Collapsed log joint log p(y | z) + log p(z | psi) + log Dir(psi | alpha/K) (notes §3.4, [ours])."""
-    from jax.scipy.special import gammaln
-
-    K = hyper.K
-    D, c, _ = cluster_state(pdat.Gs, pdat.gs, state.z, K, hyper.delta)
-    F = D.shape[-1]
-    # the data part: log p(y | z) without the per-pair constants, which are added back through const
-    ev = jnp.sum(log_normaliser(D, c)) - K * F * jnp.log(hyper.delta) + jnp.sum(pdat.const)
-    a = hyper.alpha / K
-    lp_psi = gammaln(hyper.alpha) - K * gammaln(a) + (a - 1) * jnp.sum(state.log_psi)
-    return ev + log_prior_labels(state.n_agent, state.log_psi, hyper.beta) + lp_psi
+    """Collapsed log joint log p(y | z) + log p(z | psi) + log Dir(psi | alpha/K) (notes §3.4, [ours];
+    ``common.collapsed_log_joint``)."""
+    D, c, _ = cluster_state(pdat.Gs, pdat.gs, state.z, hyper.K, hyper.delta)
+    return collapsed_log_joint(D, c, jnp.sum(pdat.const), state.n_agent, state.log_psi, hyper)
 
 
 def events_by_pair(X, y, pair, n_pairs) -> Events:
