@@ -226,7 +226,6 @@ assert abs(float(np.mean(np.sum(psi_real * growth, axis=1))) - pooled) < 0.7
 
 # %%
 import arviz_stats  # noqa: E402,F401  (the .azstats accessor)
-import xarray as xr  # noqa: E402
 
 from diagnostics.scorecard import compared_posterior  # noqa: E402
 
