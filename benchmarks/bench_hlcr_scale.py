@@ -88,6 +88,7 @@ def one(method, n_events, mode, sigma=SIGMA):
     """One measurement in this process (run by ``main`` in a subprocess); returns a dict of figures."""
     from zoo import _runtime  # noqa: F401  (float64, numpyro before arviz)
 
+    # isort: split
     import jax
     import xarray as xr
 
@@ -217,7 +218,8 @@ def bench_scale(h):
     h.table(f"HLCR scale: collapsed `gibbs` vs blocked `gibbs_blocked` (F = {F}, K = {K}, sigma = {SIGMA:g})", rows,
             note="Speed: one chain, compile call apart; CPU s/sweep = user + system seconds of the process (all "
                  "threads) per sweep, less sensitive than wall time to the other jobs on a shared machine. ESS "
-                 "(stationary): 2 chains started at the true labels, warm-up then kept sweeps, bulk ESS per run second; "
+                 "(stationary): 2 chains started at the true labels, warm-up then kept sweeps, bulk ESS per run "
+                 "second; "
                  "coclust = min over the co-clustering summaries with posterior sd > 0.01 (their count in brackets). "
                  "Burn-in: one chain from uniform random labels, sweeps until the log joint first reaches the 5 % "
                  "quantile of the stationary run (seconds at that run's rate). Peak RSS of the whole process, data "
@@ -227,8 +229,9 @@ def bench_scale(h):
         b, c = speed["gibbs_blocked", 1_000_000], speed["gibbs", 1_000_000]
         mb = mix.get(("gibbs_blocked", 1_000_000))
         base = mix.get(("gibbs", 100_000))
-        goals.append({"goal": "blocked >= 30 sweeps/s at 1e6 events", "measured": f"{b['sweeps_per_s']:.1f} sweeps/s wall, "
-                      f"{b['cpu_s_per_sweep'] * 1e3:.0f} CPU-ms per sweep",
+        goals.append({"goal": "blocked >= 30 sweeps/s at 1e6 events",
+                      "measured": f"{b['sweeps_per_s']:.1f} sweeps/s wall, "
+                                  f"{b['cpu_s_per_sweep'] * 1e3:.0f} CPU-ms per sweep",
                       "met": b["sweeps_per_s"] >= 30})
         goals.append({"goal": "blocked sweeps/s vs collapsed at 1e6", "measured":
                       f"{b['sweeps_per_s'] / c['sweeps_per_s']:.0f}x", "met": ""})

@@ -187,7 +187,6 @@ plt.show()
 
 # %%
 import arviz_stats  # noqa: E402,F401  (the .azstats accessor)
-import xarray as xr  # noqa: E402
 
 from diagnostics.scorecard import compared_posterior  # noqa: E402
 

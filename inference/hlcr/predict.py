@@ -5,8 +5,8 @@ Registered as the ``hlcr`` predictor of ``inference.predict(tree, new_data)``, w
 that ``inference.trees.problem_of`` recovers, so a Gibbs, VB-EM, FedHLCR, NUTS or SVI tree predicts the
 same way:
 
-* trees with label draws ``z`` (gibbs, gibbs_blocked, vbem, fedgibbs, fedvb): for each kept draw s the cluster statistics
-  are rebuilt from the draw's labels and Theorem 2 gives the per-cluster predictive
+* trees with label draws ``z`` (gibbs, gibbs_blocked, vbem, fedgibbs, fedvb): for each kept draw s the cluster
+  statistics are rebuilt from the draw's labels and Theorem 2 gives the per-cluster predictive
   N(m_k^T x, sigma^2 + x^T H_k x) with m_k = H_k c_k, H_k = D_k^-1 (w integrated out given z; erratum E10:
   the paper conditions on one Gibbs state and leaves the variance implicit). A known pair uses its label
   z_e^(s); a new pair of a known agent the prior p(k) proportional to N_i^(k) + beta psi_k; a new agent psi
