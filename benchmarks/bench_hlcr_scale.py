@@ -86,6 +86,9 @@ def _run_kernel(method, problem, hyper, key, *, num_warmup, num_samples, num_cha
 
 def one(method, n_events, mode, sigma=SIGMA):
     """One measurement in this process (run by ``main`` in a subprocess); returns a dict of figures."""
+    from zoo import _runtime  # noqa: F401  (float64, numpyro before arviz)
+
+    # isort: split
     import jax
     import xarray as xr
 
@@ -93,7 +96,6 @@ def one(method, n_events, mode, sigma=SIGMA):
     from inference.hlcr import gibbs as hg
     from inference.hlcr import gibbs_blocked as gb
     from inference.hlcr.common import make_hyper, pair_data
-    from zoo import _runtime  # noqa: F401  (float64, numpyro before arviz)
     from zoo.hlcr import model_inputs, summaries
 
     data, z_true = scale_data(n_events, sigma)
