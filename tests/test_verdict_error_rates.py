@@ -137,8 +137,8 @@ def test_a_folded_mean_field_density_is_the_equal_mixture_over_the_symmetry(toy)
 
 def test_exact_cases_are_every_sampler_and_every_gibbs_kernel():
     keys = [c.key for c in bv.exact_cases() if not c.model.startswith("dq_")]  # the toys registered above
-    assert {"hlcr/gibbs[kernel=block]", "hlcr/gibbs[kernel=paper]", "gp_alps/gibbs"} <= set(keys)
-    assert sum(k.endswith("/nuts") for k in keys) == 8 and len(keys) == 11
+    assert {"hlcr/gibbs[kernel=block]", "hlcr/gibbs[kernel=paper]", "hlcr/gibbs_blocked", "gp_alps/gibbs"} <= set(keys)
+    assert sum(k.endswith("/nuts") for k in keys) == 8 and len(keys) == 12
     with pytest.raises(ValueError, match="BENCH_VERDICTS_ONLY"):
         bv.exact_cases(["nope/nuts"])
 

@@ -24,14 +24,18 @@ Swap move G3 (``swap=True``): latents with identical kernels are exchangeable, s
 (b_j, H_.j, u_j) at random leaves the target invariant (always accepted). Without it the chain keeps
 whichever duplicate it switched on first (notes §3.4, E12).
 
-Kernel shape: ``init(key, problem)``, ``step(key, state, problem)`` with ``Info.objective`` the log joint
-log p(Y, u, H, b, sigma2) after the sweep; the flags (learn, collapsed, swap, paper_conditional) ride in the
-problem as traced booleans, so one compilation serves every variant. Chains, warm-up and thinning:
+Kernel shape: ``kernel(Flags(learn, collapsed, swap, paper_conditional))`` gives ``init(key, problem)`` and
+``step(key, state, problem)`` (``problem`` the data ``Problem``) with ``Info.objective`` the log joint
+log p(Y, u, H, b, sigma2) after the sweep. The flags are static: a sweep computes only the moves it makes
+(traced flags computed both switch logits and the swap every sweep, 16 % slower, ``benchmarks/results.md``
+"redesign"); one compilation per variant, built once (``functools.lru_cache``). Chains, warm-up and thinning:
 ``inference.loop.sample_chains``.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -56,82 +60,93 @@ class Info(NamedTuple):
     log_lik: jax.Array    # log p(Y | u, H, b, sigma2)
 
 
-class GibbsProblem(NamedTuple):
-    """The loop's problem: the data arrays and the sampler's flags (traced booleans)."""
+class Flags(NamedTuple):
+    """The sampler's static configuration."""
 
-    data: Problem
-    learn: jax.Array
-    collapsed: jax.Array
-    swap: jax.Array
-    paper_conditional: jax.Array
+    learn: bool                      # sample the noise precisions (InvGamma prior on sigma2)
+    collapsed: bool = True           # G1 switch moves with u_j integrated out
+    swap: bool = True                # the G3 move
+    paper_conditional: bool = False  # the paper's mis-normalised C.3 conditional (regression test only)
 
 
-def init(key, problem: GibbsProblem) -> State:
-    pb, learn = problem.data, problem.learn
-    m, n, r = pb.F.shape
-    p = pb.Y.shape[1]
-    k1, k2 = jax.random.split(key)
-    tau = jnp.where(learn, 1.0 / (0.1 * jnp.var(pb.Y, axis=0)), 1.0 / pb.sigma2)
-    return State(u=jax.random.normal(k1, (m, r)), H=jnp.sqrt(pb.s) * jax.random.normal(k2, (p, m)),
-                 b=jnp.ones(m), tau=tau)
+class Kernel(NamedTuple):
+    init: Callable[[jax.Array, Problem], State]
+    step: Callable[[jax.Array, State, Problem], tuple[State, Info]]
 
 
 def _latents(pb, u):
     return jnp.einsum("jnr,jr->jn", pb.F, u)
 
 
-def step(key, state: State, problem: GibbsProblem) -> tuple[State, Info]:
-    """One sweep: switches and latents per j, then H rows, then noise precisions, then the swap move."""
-    pb, learn, collapsed, swap, paper_conditional = problem
-    m, n, r = pb.F.shape
-    k_lat, k_h, k_tau, k_swap = jax.random.split(key, 4)
-    tau = state.tau
-    X = _latents(pb, state.u)
-    R0 = pb.Y.T - (state.H * state.b) @ X
+@functools.lru_cache(maxsize=16)
+def kernel(flags: Flags) -> Kernel:
+    """``init``/``step`` for these flags (module docstring)."""
+    learn, collapsed, swap, paper_conditional = flags
 
-    def body(j, carry):
-        st, R = carry
-        kb, ku = jax.random.split(jax.random.fold_in(k_lat, j))
-        Fj, lam, V = pb.F[j], pb.lam[j], pb.V[j]
-        xj = Fj @ st.u[j]
-        hj = st.H[:, j]
-        Rj = R + st.b[j] * hj[:, None] * xj[None, :]
-        w = jnp.sum(tau * hj ** 2)
-        z = jnp.sum((tau * hj)[:, None] * Rj, axis=0)
-        qt = V.T @ (Fj.T @ z)                                          # eigen coordinates of F_j^T z_j
-        prec = 1.0 + w * lam
-        # G1: u_j integrated out of the switch update
-        logit_g1 = pb.logit_theta[j] + 0.5 * jnp.sum(qt ** 2 / prec) - 0.5 * jnp.sum(jnp.log(prec))
+    def init(key, pb: Problem) -> State:
+        m, n, r = pb.F.shape
+        p = pb.Y.shape[1]
+        k1, k2 = jax.random.split(key)
+        tau = 1.0 / (0.1 * jnp.var(pb.Y, axis=0)) if learn else 1.0 / pb.sigma2
+        return State(u=jax.random.normal(k1, (m, r)), H=jnp.sqrt(pb.s) * jax.random.normal(k2, (p, m)),
+                     b=jnp.ones(m), tau=tau)
+
+    def switch_logit_of(pb, j, tau, hj, Rj, xj, qt, prec):
+        if collapsed:  # G1: u_j integrated out of the switch update
+            return pb.logit_theta[j] + 0.5 * jnp.sum(qt ** 2 / prec) - 0.5 * jnp.sum(jnp.log(prec))
         # App. C.3, corrected (E3) unless paper_conditional
         c = jnp.sum(tau * (hj * (Rj @ xj) - 0.5 * hj ** 2 * (xj @ xj)))
-        logit_c3 = jnp.where(paper_conditional, paper_switch_logit(pb.logit_theta[j], c),
-                             switch_logit(pb.logit_theta[j], c))
-        logit = jnp.where(collapsed, logit_g1, logit_c3)
-        bj = jax.random.bernoulli(kb, jax.nn.sigmoid(logit)).astype(R.dtype)
-        eps = jax.random.normal(ku, (r,))
-        post = V @ (qt / prec + eps / jnp.sqrt(prec))
-        uj = jnp.where(bj > 0, post, eps)
-        xj_new = Fj @ uj
-        st = st._replace(u=st.u.at[j].set(uj), b=st.b.at[j].set(bj))
-        return st, Rj - bj * hj[:, None] * xj_new[None, :]
+        return (paper_switch_logit if paper_conditional else switch_logit)(pb.logit_theta[j], c)
 
-    state, R = jax.lax.fori_loop(0, m, body, (state, R0))
-    # H | X, b, Y, row by row (App. C.2 with E6)
-    XD = _latents(pb, state.u) * state.b[:, None]                      # (m, n) = D X
-    G = XD @ XD.T
-    prec = jnp.eye(m)[None] / pb.s + tau[:, None, None] * G[None]      # (p, m, m)
-    L = jnp.linalg.cholesky(prec)
-    rhs = tau[:, None] * (pb.Y.T @ XD.T)                               # (p, m)
-    mean = jax.scipy.linalg.cho_solve((L, True), rhs[..., None])[..., 0]
-    eps = jax.random.normal(k_h, mean.shape)
-    H = mean + jax.scipy.linalg.solve_triangular(jnp.swapaxes(L, 1, 2), eps[..., None], lower=False)[..., 0]
-    resid = pb.Y.T - H @ XD
-    sq = jnp.sum(resid ** 2, axis=1)
-    tau = jnp.where(learn, jax.random.gamma(k_tau, pb.a0 + 0.5 * n, tau.shape) / (pb.b0 + 0.5 * sq), tau)
-    state = state._replace(H=H, tau=tau)
-    state = jax.tree.map(lambda a, b: jnp.where(swap, a, b), _swap(k_swap, state, pb.group), state)
-    log_lik = jnp.sum(0.5 * n * jnp.log(tau / (2 * jnp.pi)) - 0.5 * tau * sq)
-    return state, Info(objective=log_lik + _log_prior(state, pb, learn), n_on=jnp.sum(state.b), log_lik=log_lik)
+    def step(key, state: State, pb: Problem) -> tuple[State, Info]:
+        """One sweep: switches and latents per j, then H rows, then noise precisions, then the swap move."""
+        m, n, r = pb.F.shape
+        k_lat, k_h, k_tau, k_swap = jax.random.split(key, 4)
+        tau = state.tau
+        X = _latents(pb, state.u)
+        R0 = pb.Y.T - (state.H * state.b) @ X
+
+        def body(j, carry):
+            st, R = carry
+            kb, ku = jax.random.split(jax.random.fold_in(k_lat, j))
+            Fj, lam, V = pb.F[j], pb.lam[j], pb.V[j]
+            xj = Fj @ st.u[j]
+            hj = st.H[:, j]
+            Rj = R + st.b[j] * hj[:, None] * xj[None, :]
+            w = jnp.sum(tau * hj ** 2)
+            z = jnp.sum((tau * hj)[:, None] * Rj, axis=0)
+            qt = V.T @ (Fj.T @ z)                                          # eigen coordinates of F_j^T z_j
+            prec = 1.0 + w * lam
+            logit = switch_logit_of(pb, j, tau, hj, Rj, xj, qt, prec)
+            bj = jax.random.bernoulli(kb, jax.nn.sigmoid(logit)).astype(R.dtype)
+            eps = jax.random.normal(ku, (r,))
+            post = V @ (qt / prec + eps / jnp.sqrt(prec))
+            uj = jnp.where(bj > 0, post, eps)
+            xj_new = Fj @ uj
+            st = st._replace(u=st.u.at[j].set(uj), b=st.b.at[j].set(bj))
+            return st, Rj - bj * hj[:, None] * xj_new[None, :]
+
+        state, R = jax.lax.fori_loop(0, m, body, (state, R0))
+        # H | X, b, Y, row by row (App. C.2 with E6)
+        XD = _latents(pb, state.u) * state.b[:, None]                      # (m, n) = D X
+        G = XD @ XD.T
+        prec = jnp.eye(m)[None] / pb.s + tau[:, None, None] * G[None]      # (p, m, m)
+        L = jnp.linalg.cholesky(prec)
+        rhs = tau[:, None] * (pb.Y.T @ XD.T)                               # (p, m)
+        mean = jax.scipy.linalg.cho_solve((L, True), rhs[..., None])[..., 0]
+        eps = jax.random.normal(k_h, mean.shape)
+        H = mean + jax.scipy.linalg.solve_triangular(jnp.swapaxes(L, 1, 2), eps[..., None], lower=False)[..., 0]
+        resid = pb.Y.T - H @ XD
+        sq = jnp.sum(resid ** 2, axis=1)
+        if learn:
+            tau = jax.random.gamma(k_tau, pb.a0 + 0.5 * n, tau.shape) / (pb.b0 + 0.5 * sq)
+        state = state._replace(H=H, tau=tau)
+        if swap:
+            state = _swap(k_swap, state, pb.group)
+        log_lik = jnp.sum(0.5 * n * jnp.log(tau / (2 * jnp.pi)) - 0.5 * tau * sq)
+        return state, Info(objective=log_lik + _log_prior(state, pb, learn), n_on=jnp.sum(state.b), log_lik=log_lik)
+
+    return Kernel(init, step)
 
 
 def _log_prior(state: State, pb: Problem, learn):
@@ -142,7 +157,7 @@ def _log_prior(state: State, pb: Problem, learn):
                       + (1 - state.b) * jax.nn.log_sigmoid(-pb.logit_theta))
     sigma2 = 1.0 / state.tau
     log_ig = pb.a0 * jnp.log(pb.b0) - jax.scipy.special.gammaln(pb.a0) - (pb.a0 + 1) * jnp.log(sigma2) - pb.b0 / sigma2
-    return lp + jnp.where(learn, jnp.sum(log_ig), 0.0)
+    return lp + jnp.sum(log_ig) if learn else lp
 
 
 def _swap(key, state, group):
@@ -159,8 +174,8 @@ def run(key, pb: Problem, learn, num_chains=2, num_warmup=1000, num_samples=2000
         paper_conditional=False, thinning=1, progress=None):
     """``num_chains`` chains (vmapped) through ``inference.loop.sample_chains``; returns (State, Info) with leading
     (chain, draw) axes, warm-up dropped."""
-    flags = (jnp.asarray(bool(f)) for f in (learn, collapsed, swap, paper_conditional))
-    kept, _ = sample_chains(init, step, GibbsProblem(pb, *flags), key, num_chains=num_chains, num_warmup=num_warmup,
+    k = kernel(Flags(bool(learn), bool(collapsed), bool(swap), bool(paper_conditional)))
+    kept, _ = sample_chains(k.init, k.step, pb, key, num_chains=num_chains, num_warmup=num_warmup,
                             num_samples=num_samples, thinning=thinning, progress=progress, desc="gp_alps gibbs")
     return kept
 
