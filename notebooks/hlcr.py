@@ -184,34 +184,39 @@ plt.show()
 # shared by the pigs in it. `zoo demo` judges the kernels on these data against a stored NUTS reference.
 
 # %%
-real, real_hyper = spec.real_data("dietox")
-real_fit = fit("hlcr", real, "gibbs", seed=2, num_warmup=100, num_samples=GIBBS_SAMPLES, num_chains=1, **real_hyper)
-w_real = real_fit["posterior"]["w"].values[0]                     # (draws, K, 2), one chain: one labelling
-psi_real = real_fit["posterior"]["psi"].values[0]
-growth = w_real[..., 1] * 25 / 3.5                                # kg a week
-pooled = np.linalg.lstsq(real["X"], real["y"], rcond=None)[0][1] * 25 / 3.5
-print(pd.DataFrame({"share psi": psi_real.mean(0), "weight at week 6.5 (kg)": 60 + 25 * w_real[..., 0].mean(0),
-                    "growth (kg/week)": growth.mean(0), "growth sd": growth.std(0)}))
-print(f"pooled least squares, one line for all pigs: {pooled:.2f} kg/week")
+# FAST (CI) mode skips this section's fits: tests/test_real_data.py fits every real dataset with its kernel
+if not FAST:
+    real, real_hyper = spec.real_data("dietox")
+    real_fit = fit("hlcr", real, "gibbs", seed=2, num_warmup=100, num_samples=GIBBS_SAMPLES, num_chains=1, **real_hyper)
+    w_real = real_fit["posterior"]["w"].values[0]                     # (draws, K, 2), one chain: one labelling
+    psi_real = real_fit["posterior"]["psi"].values[0]
+    growth = w_real[..., 1] * 25 / 3.5                                # kg a week
+    pooled = np.linalg.lstsq(real["X"], real["y"], rcond=None)[0][1] * 25 / 3.5
+    print(pd.DataFrame({"share psi": psi_real.mean(0), "weight at week 6.5 (kg)": 60 + 25 * w_real[..., 0].mean(0),
+                        "growth (kg/week)": growth.mean(0), "growth sd": growth.std(0)}))
+    print(f"pooled least squares, one line for all pigs: {pooled:.2f} kg/week")
 
-fig, ax = plt.subplots(figsize=(6, 3.5))
-week = 6.5 + 3.5 * real["X"][:, 1]
-ax.scatter(week, 60 + 25 * real["y"], s=4, color="0.6", label="weighings")
-grid = np.linspace(1, 12, 20)
-for k in range(real_hyper["K"]):
-    b0, b1 = w_real[:, k].mean(0)
-    ax.plot(grid, 60 + 25 * (b0 + b1 * (grid - 6.5) / 3.5), lw=2, label=f"cluster {k}: {growth[:, k].mean():.1f} kg/wk")
-ax.set(xlabel="week", ylabel="weight (kg)")
-ax.legend(fontsize=8)
-plt.show()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    week = 6.5 + 3.5 * real["X"][:, 1]
+    ax.scatter(week, 60 + 25 * real["y"], s=4, color="0.6", label="weighings")
+    grid = np.linspace(1, 12, 20)
+    for k in range(real_hyper["K"]):
+        b0, b1 = w_real[:, k].mean(0)
+        ax.plot(grid, 60 + 25 * (b0 + b1 * (grid - 6.5) / 3.5), lw=2,
+                label=f"cluster {k}: {growth[:, k].mean():.1f} kg/wk")
+    ax.set(xlabel="week", ylabel="weight (kg)")
+    ax.legend(fontsize=8)
+    plt.show()
 
 # %% [markdown]
 # Every cluster's growth rate is positive, and their ψ-weighted average is the pooled least-squares rate: the
 # clusters split the pigs into lighter and heavier growth curves rather than inventing trends.
 
 # %%
-assert np.all(growth.mean(0) > 3.0)
-assert abs(float(np.mean(np.sum(psi_real * growth, axis=1))) - pooled) < 0.7
+# FAST (CI) mode skips this section's fits: tests/test_real_data.py fits every real dataset with its kernel
+if not FAST:
+    assert np.all(growth.mean(0) > 3.0)
+    assert abs(float(np.mean(np.sum(psi_real * growth, axis=1))) - pooled) < 0.7
 
 # %% [markdown]
 # ## Collapsed or blocked Gibbs: effective samples per second
@@ -225,39 +230,42 @@ assert abs(float(np.mean(np.sum(psi_real * growth, axis=1))) - pooled) < 0.7
 # ($F = 10$, $K = 8$, 20 events per pair, $\sigma = 4$: clusters overlap a little).
 
 # %%
-import arviz_stats  # noqa: E402,F401  (the .azstats accessor)
+# FAST (CI) mode skips this comparison: tests/test_hlcr_gibbs_blocked.py tests the kernel, bench_hlcr_scale times it
+if not FAST:
+    import arviz_stats  # noqa: E402,F401  (the .azstats accessor)
 
-from diagnostics.scorecard import compared_posterior  # noqa: E402
+    from diagnostics.scorecard import compared_posterior  # noqa: E402
 
-MIX_SWEEPS = 500 if FAST else 2000
-MIX_AGENTS = 8 if FAST else 40
-
-
-def ess_per_second(tree):
-    """Bulk ESS per run second of the collapsed log joint and the least-mixed live co-clustering summary."""
-    lj = tree["sample_stats"]["log_joint_collapsed"]
-    co = compared_posterior(tree)["coclust"]
-    live = co.std(("chain", "draw")).values > 0.01
-    ess_co = float(co.isel(pair_pair=np.flatnonzero(live)).azstats.ess(method="bulk").min()) if live.any() else np.nan
-    return {"run s": tree.attrs["run_seconds"], "ESS/s log joint": float(lj.azstats.ess(method="bulk"))
-            / tree.attrs["run_seconds"], "min ESS/s coclust": ess_co / tree.attrs["run_seconds"]}
+    MIX_SWEEPS = 500 if FAST else 2000
+    MIX_AGENTS = 8 if FAST else 40
 
 
-big, _ = spec.simulate(0, n_agents=MIX_AGENTS, mean_entities=25.0, mean_events=20.0, K=8, F=10, sigma=4.0,
-                       psi=np.full(8, 1 / 8))
-mix_rows = []
-for label, d, hyper in [("demo, 36 pairs", data, {}), (f"{MIX_AGENTS} agents x ~25 entities", big,
-                                                       {"K": 8, "sigma": 4.0})]:
-    for method in ("gibbs", "gibbs_blocked"):
-        tr = fit("hlcr", d, method, seed=2, num_warmup=200, num_samples=MIX_SWEEPS, num_chains=2, **hyper)
-        mix_rows.append({"data": label, "kernel": method, **ess_per_second(tr)})
-mix = pd.DataFrame(mix_rows)
-print(mix.to_string())
-fig, ax = plt.subplots(figsize=(6, 3))
-mix.pivot(index="data", columns="kernel", values="ESS/s log joint").plot.bar(ax=ax, logy=True, rot=0)
-ax.set_ylabel("bulk ESS per second (log joint)")
-plt.tight_layout()
-plt.show()
+    def ess_per_second(tree):
+        """Bulk ESS per run second of the collapsed log joint and the least-mixed live co-clustering summary."""
+        lj = tree["sample_stats"]["log_joint_collapsed"]
+        co = compared_posterior(tree)["coclust"]
+        live = co.std(("chain", "draw")).values > 0.01
+        ess_co = (float(co.isel(pair_pair=np.flatnonzero(live)).azstats.ess(method="bulk").min())
+                  if live.any() else np.nan)
+        return {"run s": tree.attrs["run_seconds"], "ESS/s log joint": float(lj.azstats.ess(method="bulk"))
+                / tree.attrs["run_seconds"], "min ESS/s coclust": ess_co / tree.attrs["run_seconds"]}
+
+
+    big, _ = spec.simulate(0, n_agents=MIX_AGENTS, mean_entities=25.0, mean_events=20.0, K=8, F=10, sigma=4.0,
+                           psi=np.full(8, 1 / 8))
+    mix_rows = []
+    for label, d, hyper in [("demo, 36 pairs", data, {}), (f"{MIX_AGENTS} agents x ~25 entities", big,
+                                                           {"K": 8, "sigma": 4.0})]:
+        for method in ("gibbs", "gibbs_blocked"):
+            tr = fit("hlcr", d, method, seed=2, num_warmup=200, num_samples=MIX_SWEEPS, num_chains=2, **hyper)
+            mix_rows.append({"data": label, "kernel": method, **ess_per_second(tr)})
+    mix = pd.DataFrame(mix_rows)
+    print(mix.to_string())
+    fig, ax = plt.subplots(figsize=(6, 3))
+    mix.pivot(index="data", columns="kernel", values="ESS/s log joint").plot.bar(ax=ax, logy=True, rot=0)
+    ax.set_ylabel("bulk ESS per second (log joint)")
+    plt.tight_layout()
+    plt.show()
 
 # %% [markdown]
 # On the demo's 36 pairs the collapsed kernel's scan is short and it gives the most effective samples per
