@@ -89,9 +89,7 @@ def run_until_converged(init: Kernel, step: Kernel, problem: Any, key: jax.Array
     Restart ``r`` starts from ``init(k_r, problem)`` (``k_r`` the r-th of ``jax.random.split(key,
     num_restarts)``; or from ``init_state``, a State with a leading restart axis) and its step ``t`` gets
     the key ``fold_in(k_r, t)``. Steps run in compiled chunks of ``chunk`` (default: a twentieth of
-    ``max_iter``, at least 50: every chunk costs a host round trip, about a millisecond, which a run of
-    thousands of cheap steps would otherwise spend mostly on; measured 2x on gp_alps svi_concrete's 3000
-    steps at chunk 50); a restart whose rule has
+    ``max_iter``, at least 50: every chunk costs a host round trip); a restart whose rule has
     fired keeps its state and objective (its trace repeats the last value, then is cut at ``n_iter``);
     the loop ends when all have stopped. Raises ``FloatingPointError`` if the best objective is not finite.
     """

@@ -26,9 +26,8 @@ whichever duplicate it switched on first (notes §3.4, E12).
 
 Kernel shape: ``kernel(Flags(learn, collapsed, swap, paper_conditional))`` gives ``init(key, problem)`` and
 ``step(key, state, problem)`` (``problem`` the data ``Problem``) with ``Info.objective`` the log joint
-log p(Y, u, H, b, sigma2) after the sweep. The flags are static: a sweep computes only the moves it makes
-(traced flags computed both switch logits and the swap every sweep, 16 % slower, ``benchmarks/results.md``
-"redesign"); one compilation per variant, built once (``functools.lru_cache``). Chains, warm-up and thinning:
+log p(Y, u, H, b, sigma2) after the sweep. The flags are static, so a sweep computes only the moves it makes;
+one compilation per variant, built once (``functools.lru_cache``). Chains, warm-up and thinning:
 ``inference.loop.sample_chains``.
 """
 
