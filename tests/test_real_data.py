@@ -343,17 +343,22 @@ TOY_NUTS = {"num_warmup": 300, "num_samples": 1000}          # 4 chains x 1000: 
 
 @pytest.fixture(scope="module")
 def toy_real(tmp_path_factory):
-    """``toy_real``: the conjugate normal model of test_spine with its closed-form sampler ``exact`` and one
-    real dataset ``toy`` (tau0 = 1.5), whose reference ``real_toy`` is stored (two short NUTS runs, as
-    ``make references`` makes it) in a temporary reference folder."""
+    """``toy_real``: the conjugate normal model of test_spine with a closed-form sampler ``exact`` (4 chains of
+    independent posterior draws) and one real dataset ``toy`` (tau0 = 1.5), whose reference ``real_toy`` is
+    stored (two short NUTS runs, as ``make references`` makes it) in a temporary reference folder."""
     import dataclasses
 
-    from test_spine import SPEC, _exact
+    import jax
+    from test_spine import SPEC, exact_posterior
 
     from diagnostics import references
-    from inference import register_method
+    from inference import Draws, register_method
 
-    register_method("exact", kind="sampler", models=("toy_real",), options={"num_samples": 2000})(_exact)
+    @register_method("exact", kind="sampler", models=("toy_real",), options={"num_samples": 1000})
+    def _exact(ctx):
+        m, s = exact_posterior(ctx.data["y"], **ctx.hyper)
+        return Draws(posterior={"mu": m + s * jax.random.normal(ctx.key, (4, ctx.options["num_samples"]))})
+
     y = np.random.default_rng(5).normal(0.7, 1.0, 30)
     real = zoo.RealDataset(loader=lambda: ({"y": y}, {}), source="sklearn.datasets.toy (test)", licence="test",
                            description="30 draws of N(0.7, 1)", sizes={"n": 30}, hyper={"tau0": 1.5},
