@@ -467,7 +467,7 @@ REAL_DATASETS = {
     "diabetes": RealDataset(
         loader=load_diabetes, source="sklearn.datasets.load_diabetes", licence=DIABETES_LICENCE,
         description="disease progression after one year (Y) vs 10 baseline variables (t: age, sex, bmi, bp, s1-s6) "
-                    "of 442 patients; standardised on a random 80 % training split (the 89 others held out)",
+                    "of 442 patients; standardised on a random 80 % training split (the 88 others held out)",
         sizes={"n": 354, "d": 10, "p": 1}, hyper=ADDITIVE, in_demo=False),
     "diabetes4": RealDataset(
         loader=load_diabetes4, source="sklearn.datasets.load_diabetes", licence=DIABETES_LICENCE,
