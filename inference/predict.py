@@ -102,13 +102,13 @@ def label_codes(field: str, labels: Any, known: np.ndarray, *, allow_new: bool =
     if values.ndim != 1:
         raise ValueError(f"new_data[{field!r}]: expected one label per new row, got an array of shape "
                          f"{values.shape}")
-    lookup = {_key(v): i for i, v in enumerate(known.tolist())}
+    lookup = {label_key(v): i for i, v in enumerate(known.tolist())}
     codes = np.empty(len(values), dtype=np.int64)
     for i, v in enumerate(values):
-        if allow_new and (v is None or (_is_int(v) and int(v) == -1)):
+        if allow_new and (v is None or (is_integer_label(v) and int(v) == -1)):
             codes[i] = -1
             continue
-        code = lookup.get(_key(v))
+        code = lookup.get(label_key(v))
         if code is None:
             shown = ", ".join(repr(k) for k in known.tolist()[:8]) + (", ..." if len(known) > 8 else "")
             kind = "text" if known.dtype.kind in "US" else "integers"
@@ -119,13 +119,13 @@ def label_codes(field: str, labels: Any, known: np.ndarray, *, allow_new: bool =
     return codes
 
 
-def _is_int(v: Any) -> bool:
+def is_integer_label(v: Any) -> bool:
     return isinstance(v, int | np.integer) and not isinstance(v, bool | np.bool_)
 
 
-def _key(v: Any) -> tuple[str, Any]:
+def label_key(v: Any) -> tuple[str, Any]:
     """A lookup key that keeps text and integers apart (``"3"`` is not ``3``)."""
-    if _is_int(v):
+    if is_integer_label(v):
         return ("int", int(v))
     if isinstance(v, str | np.str_):
         return ("str", str(v))

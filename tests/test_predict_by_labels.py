@@ -107,3 +107,47 @@ def test_unknown_labels_are_value_errors_naming_the_field_and_the_column(fits):
     # -1 / None: a row without a known subject predicts at population level
     population = inference.predict(labelled, {"X": X_NEW[:2]})
     _assert_same(inference.predict(labelled, {"X": X_NEW[:2], "group": [None, -1]}), population)
+
+
+# hlcr: stores and products -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hlcr_fits():
+    """(tree fitted from a DataFrame with store/product names, the same data coded by ``pandas.factorize``)."""
+    from test_frames import HLCR_COLUMNS, coded, hlcr_frame
+
+    frame = hlcr_frame()
+    options = tiny_options("hlcr", "vbem")
+    return (inference.fit("hlcr", frame, "vbem", seed=4, columns=HLCR_COLUMNS, **options),
+            inference.fit("hlcr", coded(frame), "vbem", seed=4, **options))
+
+
+def test_hlcr_predicts_new_sales_by_store_and_product_names_as_the_coded_tree_does(hlcr_fits):
+    """Known pairs, a new product of a known store and a new store, by name, predict exactly as the same data
+    coded by ``pandas.factorize(sort=True)`` predicts by codes (oracle: pandas' numbering; the labelled and coded
+    fits give identical label draws)."""
+    from test_frames import PRODUCTS, STORES
+
+    labelled, plain = hlcr_fits
+    np.testing.assert_array_equal(labelled["posterior"]["z"].values, plain["posterior"]["z"].values)
+    stores = ["south", "east", "north", "west"]                  # west: a new store (cold start)
+    products = ["beer", "figs", "apples", "dates"]               # figs: a new product of a known store
+    X = np.array([[0.3, -1.0], [1.2, 0.4], [-0.7, 0.1], [0.0, 2.0]])
+    by_name = inference.predict(labelled, {"X": X, "agent": stores, "entity": products})
+    store_code = {s: i for i, s in enumerate(sorted(STORES))}
+    product_code = {p: i for i, p in enumerate(sorted(PRODUCTS))}
+    by_code = inference.predict(plain, {"X": X, "agent": [store_code.get(s, 99) for s in stores],
+                                        "entity": [product_code.get(p, 99) for p in products]})
+    np.testing.assert_array_equal(by_name["known_pair"], [True, False, True, False])
+    _assert_same(by_name, by_code)
+
+
+def test_hlcr_labels_of_the_wrong_kind_are_named_not_silently_a_cold_start(hlcr_fits):
+    labelled, plain = hlcr_fits
+    X = np.zeros((1, 2))
+    with pytest.raises(ValueError, match=r"new_data\['agent'\]: label 0 .*text labels"):
+        inference.predict(labelled, {"X": X, "agent": [0], "entity": ["beer"]})
+    with pytest.raises(ValueError, match=r"new_data\['entity'\]: label 1.5 .*text labels"):
+        inference.predict(labelled, {"X": X, "agent": ["north"], "entity": [1.5]})
+    with pytest.raises(ValueError, match=r"new_data\['agent'\]: label 'north' .*integer labels"):
+        inference.predict(plain, {"X": X, "agent": ["north"], "entity": [0]})
