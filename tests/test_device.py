@@ -99,8 +99,8 @@ def fresh_python(code: str, **env: str) -> str:
 
 
 SELECT = """
-    import jax
     from zoo import _runtime
+    import jax
     print("platforms", jax.config.jax_platforms, "started", _runtime.xla_bridge.backends_are_initialized())
     try:
         _runtime.set_device({device!r}, {name!r})
