@@ -1,8 +1,9 @@
 """NUTS baseline (NumPyro), available for every model in the zoo.
 
 Discrete latent variables are marginalised inside the models, so NUTS runs on all of them.
-Defaults: 2 chains (in parallel on the two host devices; vectorized on one GPU, ``chain_method``), diagonal mass matrix (``dense_mass=True``
-for a dense one), initialisation from a prior draw (``init="prior"``) or the prior median.
+Defaults: 2 chains (in parallel on the two host devices; vectorized on one GPU, ``chain_method``), diagonal
+mass matrix (``dense_mass=True`` for a dense one), initialisation from a prior draw (``init="prior"``) or the
+prior median.
 
 A model whose spec declares an exact ``nuts_reformulation`` (``zoo.Reformulation``: sites integrated
 out, a symmetry folded away) is sampled in those coordinates and its draws mapped back to the model's

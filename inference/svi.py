@@ -207,9 +207,9 @@ def run_svi(ctx: FitContext) -> Draws:
     with tqdm(total=n, desc="svi", disable=not progress_enabled(o["progress"]), leave=False) as bar:
         for first in range(0, n, CHUNK_STEPS):
             state, chunk = programs.steps(state, arrays, np.int64(first), np.int64(n))
-            losses.append(chunk)
+            losses.append(jax.device_get(chunk))  # waits for the chunk: the bar shows steps done, not queued
             bar.update(min(CHUNK_STEPS, n - first))
-    elbo = -np.concatenate(jax.device_get(losses))[:n]
+    elbo = -np.concatenate(losses)[:n]
     params, draws, log_q = jax.device_get(programs.draw(state, k_draw, arrays, num_samples=o["num_samples"]))
     check_fit(elbo, params, draws, log_q, o)
     tail = elbo[-max(1, n // 20):]

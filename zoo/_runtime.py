@@ -85,23 +85,30 @@ def found_platforms() -> list[str]:
     return sorted({d.platform for backend in xla_bridge.backends().values() for d in backend.devices()})
 
 
+def _select_platforms(platforms: str) -> None:
+    """JAX's platform list for this process, and in the environment for the processes it starts (Ray workers)."""
+    jax.config.update("jax_platforms", platforms)
+    os.environ["JAX_PLATFORMS"] = platforms
+
+
 def set_device(device: str, name: str = "device") -> str:
     """Make this process compute on ``device`` ("cpu" or "gpu"), or check that it does; returns it.
 
     JAX picks its platform once per process, when it starts its first backend. Before that, ``set_device``
-    selects the platform (``jax_platforms``: ``cpu``, or ``cuda,cpu`` for "gpu"; a ``JAX_PLATFORMS`` the user
-    set is kept) and starts it; after that it only checks. Every failure is a ``ValueError`` naming ``name`` (the argument or option the device came
-    from), raised before anything compiles: an unknown device; "gpu" where JAX finds no GPU (it says which
-    platforms it found and how to install CUDA JAX); a device other than the one this process already runs on.
+    selects the platform (``jax_platforms``, and ``JAX_PLATFORMS`` for child processes: ``cpu``, or ``cuda,cpu``
+    for "gpu"; a ``JAX_PLATFORMS`` the user set is kept) and starts it; after that it only checks. Every failure
+    is a ``ValueError`` naming ``name`` (the argument or option the device came from), raised before anything
+    compiles: an unknown device; "gpu" where JAX finds no GPU (it says which platforms it found and how to install
+    CUDA JAX); a device other than the one this process already runs on.
     """
     device = check_device(device, name)
     if not xla_bridge.backends_are_initialized():
         if USER_PLATFORMS is None:
-            jax.config.update("jax_platforms", PLATFORMS[device])
+            _select_platforms(PLATFORMS[device])
         try:
             xla_bridge.backends()
         except RuntimeError as exc:  # e.g. a GPU without the CUDA plugin: fall back to the CPU, then explain
-            jax.config.update("jax_platforms", "cpu")
+            _select_platforms("cpu")
             raise ValueError(f"{name}: 'gpu' asked for, but JAX could not start a GPU backend ({exc}); JAX "
                              f"found platforms {found_platforms()}; {install_hint()}") from None
     running = current_device()
