@@ -4,9 +4,9 @@ Two checkouts: ``before`` = ``BENCH_SVI_BASE`` (default ``0a3db0c``, main before
 ``jax.jit`` of the guide draws per fit), extracted with ``git archive`` into ``build/svi_compile_base/``, and
 ``after`` = this working tree. For every model, in a fresh subprocess per side (its own empty JAX compilation
 cache, sides interleaved), three ``svi`` fits with the model's demo options: on the demo data (seed 0), again with
-seed 1, then on the simulator's dataset of seed 1 (same sizes) with seed 2. Reported: each fit's compile seconds
-(``Stopwatch``: tracing, lowering and XLA compilation) and wall seconds (compile + run), medians over ``BENCH_SVI_REPEATS``
-(default 1) subprocesses per side.
+seed 1, then on the simulator's dataset of seed 1 (same sizes) with seed 2. Reported: each fit's compile
+seconds (``Stopwatch``: tracing, lowering and XLA compilation) and wall seconds (compile + run), medians over
+``BENCH_SVI_REPEATS`` (default 1) subprocesses per side.
 """
 
 from __future__ import annotations
