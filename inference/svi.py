@@ -37,7 +37,7 @@ import optax
 import xarray as xr
 from numpyro import handlers
 from numpyro.infer import SVI, Trace_ELBO
-from numpyro.infer.autoguide import AutoLowRankMultivariateNormal, AutoMultivariateNormal, AutoNormal
+from numpyro.infer.autoguide import AutoGuide, AutoLowRankMultivariateNormal, AutoMultivariateNormal, AutoNormal
 from tqdm.auto import tqdm
 
 from inference._init_strategies import INIT_STRATEGIES
@@ -59,15 +59,41 @@ def _check(options: dict) -> None:
                          f"got {options['guide']!r}")
 
 
+class _SitesInModelOrder(AutoGuide):
+    """An autoguide's initial locations in the model's site order, traced or not. NumPyro's set-up finds them with
+    ``find_valid_initial_params``: eagerly one step, in the model's order; traced (inside our programs) through a
+    ``lax.while_loop``, whose dict comes back with sorted keys. AutoContinuous guides pack their latent vector in
+    that order, so without this the layout of ``auto_loc``/``auto_scale_tril``/``auto_cov_factor`` in the tree
+    would depend on where the guide was set up (sits between AutoContinuous and AutoGuide in the MRO)."""
+
+    def _setup_prototype(self, *args, **kwargs):
+        super()._setup_prototype(*args, **kwargs)
+        self._init_locs = {name: self._init_locs[name] for name in self.prototype_trace if name in self._init_locs}
+
+
+class _Normal(AutoNormal, _SitesInModelOrder):
+    pass
+
+
+class _LowRank(AutoLowRankMultivariateNormal, _SitesInModelOrder):
+    pass
+
+
+class _MultivariateNormal(AutoMultivariateNormal, _SitesInModelOrder):
+    pass
+
+
 def make_guide(model, kind, init: str = "median", rank: int | None = None):
+    """The autoguide ``kind`` of ``model`` (its latent sites in the model's order), or ``kind`` itself when it is
+    a guide function."""
     if callable(kind):
         return kind
     init_loc_fn = INIT_STRATEGIES[init]
     if kind == "normal":
-        return AutoNormal(model, init_loc_fn=init_loc_fn)
+        return _Normal(model, init_loc_fn=init_loc_fn)
     if kind == "lowrank":
-        return AutoLowRankMultivariateNormal(model, init_loc_fn=init_loc_fn, rank=rank)
-    return AutoMultivariateNormal(model, init_loc_fn=init_loc_fn)
+        return _LowRank(model, init_loc_fn=init_loc_fn, rank=rank)
+    return _MultivariateNormal(model, init_loc_fn=init_loc_fn)
 
 
 def draw_with_log_q(guide, params, key, model_kwargs) -> tuple[dict, jax.Array]:

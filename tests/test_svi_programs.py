@@ -24,9 +24,9 @@ from inference.svi import CHUNK_STEPS, make_guide
 
 
 def centred_model(y, spread=3.0):
-    """mu ~ N(mean(y), 10^2); sigma ~ HalfNormal(spread); y_i ~ N(mu, sigma^2)."""
-    mu = numpyro.sample("mu", dist.Normal(jnp.mean(y), 10.0))
+    """sigma ~ HalfNormal(spread); mu ~ N(mean(y), 10^2); y_i ~ N(mu, sigma^2) (sites not in sorted order)."""
     sigma = numpyro.sample("sigma", dist.HalfNormal(spread))
+    mu = numpyro.sample("mu", dist.Normal(jnp.mean(y), 10.0))
     with numpyro.plate("obs", y.shape[0]):
         numpyro.sample("y", dist.Normal(mu, sigma), obs=y)
 
@@ -63,21 +63,26 @@ def numpyro_svi_draws(y, seed, guide_kind, num_steps=STEPS, num_samples=DRAWS, l
         tr = handlers.trace(handlers.seed(handlers.substitute(guide, data=result.params), k)).get_trace(**kwargs)
         return {name: tr[name]["value"] for name in ("mu", "sigma")}
 
-    return jax.vmap(one)(jax.random.split(k_draw, num_samples)), -np.asarray(result.losses)
+    return jax.vmap(one)(jax.random.split(k_draw, num_samples)), -np.asarray(result.losses), result.params
 
 
 @pytest.mark.parametrize("guide", ["normal", "lowrank"])
 def test_svi_after_a_fit_on_other_data_equals_numpyros_svi_run_on_its_own_data(guide):
     """Fit data set A (mean about -20), then B (mean +25, same shape): B's draws and ELBO trace equal NumPyro's
-    SVI.run on B to 1e-8 relative (floating-point reordering only). A kept guide set up on A would start B's
-    mu at mean(y_A) (45 away; Adam at 1e-2 moves it 3 in 300 steps): off by whole units, 1e8 times the
-    tolerance. ``lowrank`` also covers the autoguide that closes over the data in its constraint map."""
+    SVI.run on B to 1e-8 relative (floating-point reordering only), and so do the stored guide parameters. A kept
+    guide set up on A would start B's mu at mean(y_A) (45 away; Adam at 1e-2 moves it 3 in 300 steps): off by
+    whole units, 1e8 times the tolerance. ``lowrank`` also covers the autoguide that closes over the data in its
+    constraint map and packs the sites in one vector: in the model's order (sigma, mu) as NumPyro's eager set-up
+    does, not in the sorted order a traced set-up gives (``auto_loc`` would be permuted)."""
     y_a, _ = simulate(1, mu=-20.0)
     y_b, _ = simulate(2, mu=25.0)
     inference.fit("svi_centred", y_a, "svi", seed=1, guide=guide, num_steps=STEPS, num_samples=DRAWS)
     tree = inference.fit("svi_centred", y_b, "svi", seed=2, guide=guide, num_steps=STEPS, num_samples=DRAWS)
-    expected, elbo = numpyro_svi_draws(y_b["y"], 2, guide)
+    expected, elbo, params = numpyro_svi_draws(y_b["y"], 2, guide)
     np.testing.assert_allclose(tree["sample_stats"]["elbo"].values, elbo, rtol=1e-8)
+    assert sorted(tree["variational"].data_vars) == sorted(params)
+    for name, value in params.items():
+        np.testing.assert_allclose(tree["variational"][name].values, value, rtol=1e-8)
     for name in ("mu", "sigma"):
         np.testing.assert_allclose(tree.posterior[name].values[0], expected[name], rtol=1e-8)
     assert abs(float(tree.posterior["mu"].mean()) - 25.0) < abs(float(tree.posterior["mu"].mean()) + 20.0)
