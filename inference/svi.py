@@ -138,7 +138,8 @@ class SVIPrograms(NamedTuple):
     """The compiled programs of one SVI configuration; ``arrays`` are the model's data arrays."""
 
     init: Callable[..., Any]   # (key, arrays) -> SVIState (NumPyro's SVI.init)
-    steps: Callable[..., Any]  # (state, arrays, first, num_steps) -> (state, losses[CHUNK_STEPS]): steps first..
+    steps: Callable[..., Any]  # (state, arrays, first, num_steps) -> (state, losses[CHUNK_STEPS]): Adam steps
+    #                            first, ..., first + CHUNK_STEPS - 1; those >= num_steps are skipped (loss NaN)
     draw: Callable[..., Any]   # (state, key, arrays, num_samples) -> (params, draws, log_q)
 
 
@@ -207,8 +208,11 @@ def advice(options: dict) -> str:
 
 def check_fit(elbo: np.ndarray, params: dict, draws: dict, log_q: np.ndarray, options: dict) -> None:
     """A ``NonFiniteError`` (with ``advice``) when the fit cannot be used: its ELBO estimate was not finite at
-    any step of the last 5 % (every update there was rejected: the guide is stuck where the ELBO cannot be
-    evaluated), or its parameters, draws or log q are not finite."""
+    any step (from the initial point on), or at any step of the last 5 % (every update there was rejected: the
+    guide is stuck where the ELBO cannot be evaluated), or its parameters, draws or log q are not finite."""
+    if not np.isfinite(elbo).any():
+        raise NonFiniteError(f"method 'svi': the ELBO estimate was not finite at any of the {elbo.size} Adam steps, "
+                             f"from the guide's initial point on (no update could be applied); {advice(options)}")
     tail = elbo[-max(1, elbo.size // 20):]
     if not np.isfinite(tail).any():
         raise NonFiniteError(f"method 'svi': the ELBO estimate was not finite at any of the last {tail.size} of "

@@ -122,3 +122,21 @@ def test_an_svi_fit_driven_to_non_finite_values_is_a_non_finite_error_with_advic
     assert "method 'svi'" in message and "lower learning_rate (now 1e+200)" in message
     assert "another guide" in message and "init" in message
     assert "distribution got invalid" not in message
+
+
+def nan_model(y):
+    """A log density that is NaN everywhere: no initial point of any guide can have a finite ELBO."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    numpyro.factor("broken", jnp.sum(y) * mu * jnp.nan)
+
+
+def test_an_svi_fit_whose_elbo_is_never_finite_says_so_from_the_initial_point():
+    spec = zoo.ModelSpec(name="svi_nan", model=nan_model, simulate=simulate, paper="(test toy)",
+                         data_fields=(zoo.DataField("y", ("n",)),), likelihood_sites=())
+    zoo.register(spec, replace=True)
+    try:
+        with pytest.raises(inference.NonFiniteError, match=r"not finite at any of the 20 Adam steps, from the "
+                                                           r"guide's initial point on.*lower learning_rate"):
+            inference.fit("svi_nan", {"y": np.ones(3)}, "svi", seed=0, num_steps=20, num_samples=5)
+    finally:
+        zoo.unregister("svi_nan")
