@@ -51,7 +51,7 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pip install -q -e '.[dev,distributed]'
-	$(PY) -m pytest -q
+	BAYES_ZOO_TEST_XLA_OPT=full $(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(PY) -m benchmarks

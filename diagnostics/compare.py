@@ -8,11 +8,14 @@ of its stored NUTS reference, reuse what an earlier run wrote, and write the rep
   a tree written by an earlier run with the same seed, options and data is reused (an interrupted run
   resumes), an unreadable one (truncated by a crash) is refitted;
 * ``write_comparison(spec, trees, out)``: the model's report page and one verdict line per method;
-* ``compare_model`` (both), ``run_demo`` (every model, then the index page);
+* ``compare_model`` (both), ``run_demo`` (every model and its real-data sections, then the index page);
 * ``compare(model, data, methods)``: the same on **your own data** (a DataFrame or a dict): a NUTS reference
-  made on it to the stored references' standard and cached by the data (``own_reference``; resumable, reused
-  by a later call), then the methods and the report; an unhealthy reference makes every verdict NOT JUDGED,
-  with what to try.
+  on it (``own_reference``: a stored reference whose data and hyperparameters match serves as it is, else one
+  is made to the stored references' standard and cached by the data; resumable, reused by a later call), then
+  the methods and the report; an unhealthy reference makes every verdict NOT JUDGED, with what to try.
+  ``plan_comparison`` (every check, nothing runs) and ``run_plan`` are its two halves;
+* ``compare_real_data(spec, out)``: the demo's real-data sections (``diagnostics.realdata``) through that same
+  pipeline, each served by its stored ``real_<dataset>`` reference and never by a new NUTS run.
 
 Messages go to ``log`` (``print`` by default; the command line passes ``typer.echo``).
 """
@@ -35,7 +38,7 @@ import xarray as xr
 import inference
 import zoo
 from diagnostics import references
-from diagnostics.realdata import compare_real_data
+from diagnostics.realdata import real_methods, real_sections
 from diagnostics.report import SUMMARY, first_clause, report, report_index
 from inference.api import read_data, resolve
 
@@ -109,21 +112,25 @@ def _labels_checksum(fit: inference.Prepared) -> str:
 
 
 def write_comparison(spec: zoo.ModelSpec | str, trees: Mapping[str, xr.DataTree], out: Path, *,
-                     log: Log = print) -> Path:
-    """Write the model's report page to ``out/<model>/`` (every tree's compared view computed once inside)
-    and log each method's verdict with the first clause of its reason; returns the page's path."""
+                     section: str | None = None, data_note: str | None = None, log: Log = print) -> Path:
+    """Write the model's report page to ``out/<model>/`` (``out/<model>/<section>/`` for a section such as a real
+    dataset's, with ``data_note`` naming its data under the title; every tree's compared view computed once
+    inside) and log each method's verdict with the first clause of its reason; returns the page's path."""
     spec = zoo.get(spec)
-    page = Path(report(spec.name, dict(trees), Path(out) / spec.name))
+    folder = Path(out) / spec.name / (section or "")
+    page = Path(report(spec.name, dict(trees), folder, data_note=data_note,
+                       index_link="../../index.html" if section else "../index.html"))
     summary = json.loads((page.parent / SUMMARY).read_text())
+    where = f"{spec.name}/{section}" if section else spec.name
     for method, v in summary.get("methods", {}).items():
         reason = v["reasons"]
         if v["verdict"] == "NOT JUDGED":  # the reference's failure is printed once below; a sampler's mixing here
             reason = reason[reason.index("its own chains"):] if "its own chains" in reason else ""
         why = f": {first_clause(reason, 200)}" if v["verdict"] != "PASS" and reason else ""
-        log(f"  {spec.name}/{method}: {v['verdict']}{why}")
+        log(f"  {where}/{method}: {v['verdict']}{why}")
     health = summary.get("reference_health") or {}
     if health and not health.get("reliable", True):
-        log(f"  {spec.name}: reference NOT healthy, nothing judged: {'; '.join(health['failures'])}")
+        log(f"  {where}: reference NOT healthy, nothing judged: {'; '.join(health['failures'])}")
     return page
 
 
@@ -140,7 +147,7 @@ def compare_model(spec: zoo.ModelSpec | str, methods: Sequence[str] | None, out:
 def run_demo(out: Path, models: Sequence[str] | None = None, *, methods: Mapping[str, Sequence[str]] | None = None,
              seed: int = 0, fresh: bool = False, progress: bool = True, log: Log = print) -> Path:
     """``compare_model`` for every model (``models`` None: all registered), each with every method it offers
-    or those ``methods[model]`` names, then its real-data sections (``diagnostics.realdata``: its kernels against
+    or those ``methods[model]`` names, then its real-data sections (``compare_real_data``: its kernels against
     the stored NUTS reference of each real dataset), then the index page counting the verdicts; returns its
     path."""
     specs = [zoo.get(name) for name in (models or zoo.list_models())]   # an unknown name fails before any fit
@@ -170,16 +177,27 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("BAYES_ZOO_CACHE", Path.home() / ".cache" / "bayes-zoo")) / "references"
 
 
+class NoReference(LookupError):
+    """``own_reference(..., make=False)`` found no stored or cached reference for the data (nothing was run)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class OwnReference:
-    """A NUTS reference made on a user's data: the tree, whether it passed the stored-reference standard, whether
-    it came from the cache (no NUTS run), its cache folder and the seconds spent making it now (0 when reused)."""
+    """The NUTS reference of a comparison on given data: the tree, whether it passed the stored-reference standard,
+    whether it was reused (no NUTS run now), its folder (the cache folder, or ``zoo/references`` for a stored one),
+    the seconds spent making it now (0 when reused) and, when a stored reference served, its tag."""
 
     tree: xr.DataTree
     healthy: bool
     reused: bool
     folder: Path
     seconds: float
+    stored: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The reference's label on the report page."""
+        return f"reference (stored NUTS, {self.stored})" if self.stored else OWN_REFERENCE_LABEL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,18 +242,62 @@ def _more_advice(spec: zoo.ModelSpec, settings: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def own_reference(spec: zoo.ModelSpec | str, data: Mapping[str, Any], *, settings: Mapping[str, Any],
-                  seed: int = 0, crosscheck: Any = True, cache_dir: str | os.PathLike | None = None,
-                  fresh: bool = False, progress: bool = True, log: Log = print) -> OwnReference:
-    """The NUTS reference of ``spec`` on ``data`` (validated arrays), made to the stored references' standard
-    (``references.generate``: health rule, second seed, the model's exact cross-check) and cached under
-    ``cache_dir/<model>/<reference_cache_key>/``: ``reference.nc`` when healthy, ``reference-unhealthy.nc``
-    (its validation record, failures and advice in ``attrs["validation"]``) when not. A later call with the same
-    data and settings loads it (``reused``); an interrupted one resumes from the runs checkpointed in
-    ``work/`` (each written atomically when it finishes). ``fresh``: remake it."""
+def _canonical(value: Any) -> Any:
+    """``value`` as a validation record stores it (JSON, ``repr`` for the rest), so the two compare equal."""
+    return json.loads(json.dumps(value, sort_keys=True, default=repr))
+
+
+def stored_reference(spec: zoo.ModelSpec | str, data: Mapping[str, Any], settings: Mapping[str, Any], *,
+                     tags: Sequence[str] | None = None) -> tuple[xr.DataTree, str] | None:
+    """``(tree, tag)`` of a stored reference (``zoo/references``; ``tags``, default every stored one) that is the
+    reference of ``data`` under the hyperparameters of ``settings``: its record passed the standard, its
+    hyperparameters (every one, defaults filled in) equal these, and its stored arrays are ``data``
+    (``references.data_mismatch``: equal to 1e-12 relative). None when none is."""
     from inference.trees import data_of
 
     spec = zoo.get(spec)
+    defaults = _canonical(spec.default_hyper)
+    wanted = {**defaults, **_canonical({k: v for k, v in settings.items() if k in spec.hyperparameters})}
+    for tag in references.stored_tags(spec.name) if tags is None else tags:
+        path = references.reference_path(spec.name, tag)
+        if not path.is_file():
+            continue
+        tree = inference.load(path)
+        record = json.loads(tree.attrs.get("validation", "{}"))
+        made = {k: v for k, v in record.get("settings", {}).items() if k in spec.hyperparameters}
+        if record.get("reliable") and {**defaults, **made} == wanted and \
+                references.data_mismatch(spec, data_of(tree), data) is None:
+            return tree, tag
+    return None
+
+
+def own_reference(spec: zoo.ModelSpec | str, data: Mapping[str, Any], *, settings: Mapping[str, Any],
+                  seed: int = 0, crosscheck: Any = True, cache_dir: str | os.PathLike | None = None,
+                  fresh: bool = False, stored: bool = True, stored_tags: Sequence[str] | None = None,
+                  make: bool = True, progress: bool = True, log: Log = print) -> OwnReference:
+    """The NUTS reference of ``spec`` on ``data`` (validated arrays), in this order:
+
+    1. ``stored`` (unless ``fresh``): a stored reference of these data and hyperparameters (``stored_reference``,
+       among ``stored_tags``) serves as it is: it was made to the standard below by ``make references``;
+    2. the cache ``cache_dir/<model>/<reference_cache_key>/``: ``reference.nc`` when healthy,
+       ``reference-unhealthy.nc`` (its validation record, failures and advice in ``attrs["validation"]``) when
+       not, made by an earlier call with the same data and settings (``reused``);
+    3. ``make`` (else ``NoReference``, nothing run): made now to the stored references' standard
+       (``references.generate``: health rule, second seed, the model's exact cross-check) and cached; an
+       interrupted call resumes from the runs checkpointed in ``work/`` (each written atomically when it
+       finishes). ``fresh``: remake it."""
+    from inference.trees import data_of
+
+    spec = zoo.get(spec)
+    if stored and not fresh:
+        found = stored_reference(spec, data, settings, tags=stored_tags)
+        if found is not None:
+            tree, tag = found
+            record = json.loads(tree.attrs["validation"])
+            log(f"reference: the stored NUTS reference {references.reference_path(spec.name, tag)} has these data "
+                f"and hyperparameters; it serves (made by make references: {record['n_chains']} chains, "
+                f"{record['n_draws']} draws, max R-hat {record['max_rhat']:.3f})")
+            return OwnReference(tree, True, True, references.REFERENCE_DIR, 0.0, stored=tag)
     cross = spec.reference_crosscheck if crosscheck is True else (crosscheck or None)
     key = reference_cache_key(spec, data, settings, seed, cross)
     folder = Path(cache_dir or default_cache_dir()) / spec.name / key
@@ -255,6 +317,9 @@ def own_reference(spec: zoo.ModelSpec | str, data: Mapping[str, Any], *, setting
             log(f"reference: reusing the cached {'healthy' if healthy else 'UNHEALTHY'} NUTS reference {path} "
                 f"(made in {float(tree.attrs.get('wall_seconds', float('nan'))):.0f} s)")
             return OwnReference(tree, healthy, True, folder, 0.0)
+    if not make:
+        raise NoReference(f"no stored or cached NUTS reference of {spec.name!r} has these data and hyperparameters "
+                          f"(make references MODELS={spec.name}, or diagnostics.compare on these data)")
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "key.json").write_text(json.dumps({"model": spec.name, "settings": dict(settings), "seed": seed,
                                                  "crosscheck": cross}, indent=1, default=repr))
@@ -274,33 +339,28 @@ def own_reference(spec: zoo.ModelSpec | str, data: Mapping[str, Any], *, setting
     return OwnReference(tree, healthy, False, folder, time.time() - t0)
 
 
-def compare(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str] | None = None, *,
-            out: str | os.PathLike = "zoo-compare", columns: Mapping[str, Any] | None = None, dropna: bool = False,
-            seed: int = 0, hyper: Mapping[str, Any] | None = None,
-            options: Mapping[str, Mapping[str, Any]] | None = None, reference: Mapping[str, Any] | None = None,
-            crosscheck: Any = True, cache_dir: str | os.PathLike | None = None, fresh: bool = False,
-            fresh_reference: bool = False, progress: bool = True, log: Log = print) -> Comparison:
-    """Compare ``methods`` with MCMC on your own data: a NUTS reference made on ``data`` and cached
-    (``own_reference``), every method fitted on the same data, and the report of ``zoo compare`` written to
-    ``out/<model>/report.html`` with a verdict per method (NOT JUDGED, with what to try, when the reference
-    cannot be made healthy).
+@dataclasses.dataclass(frozen=True)
+class ComparisonPlan:
+    """A checked comparison, nothing run yet (``plan_comparison``): the model, the validated data arrays, the
+    reference's NUTS settings and hyperparameters (``settings``), whether the caller chose NUTS settings of its
+    own (then no stored reference serves), each method's options and its prepared fit, and the seed."""
 
-    Parameters
-    ----------
-    model, data:   a model name and a pandas DataFrame (read with ``columns``/``dropna``, as ``inference.fit``)
-                   or a dict of arrays.
-    methods:       default: every method of the model.
-    hyper:         hyperparameters, the same for the reference and every method (default: the model's
-                   ``reference_options``).
-    options:       per-method options over the model's ``demo_options``: ``{"gibbs": {"num_samples": 4000}}``.
-    reference:     NUTS options of the reference over ``references.reference_settings`` (4 chains, ...).
-    crosscheck:    True: the model's exact cross-check sampler as for the stored references; None: none.
-    cache_dir:     where references are cached (``default_cache_dir()``); ``fresh_reference`` remakes it,
-                   ``fresh`` refits the methods.
+    spec: zoo.ModelSpec
+    data: dict
+    settings: dict
+    own_settings: bool
+    options: dict[str, dict]
+    prepared: dict[str, inference.Prepared]
+    seed: int
 
-    Every argument, method and option is checked before anything runs (``ValueError`` naming it).
-    """
-    t_start = time.time()
+
+def plan_comparison(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str] | None = None, *,
+                    columns: Mapping[str, Any] | None = None, dropna: bool = False, seed: int = 0,
+                    hyper: Mapping[str, Any] | None = None, options: Mapping[str, Mapping[str, Any]] | None = None,
+                    reference: Mapping[str, Any] | None = None, progress: bool = True) -> ComparisonPlan:
+    """Every check of ``compare`` (its arguments, see there), nothing run: ``ValueError`` naming the first bad
+    argument, method, option or column. Each method's options: the model's ``demo_options`` without their
+    hyperparameters, the reference's hyperparameters, then ``options[method]``."""
     spec = zoo.get(model)
     chosen = list(methods) if methods else inference.methods_for(spec)
     hyper, options, reference = dict(hyper or {}), dict(options or {}), dict(reference or {})
@@ -323,19 +383,91 @@ def compare(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str] | None
                       **ref_hyper, **options.get(m, {})} for m in chosen}
     prepared = {m: inference.prepare(spec, data, m, seed=seed, columns=columns, dropna=dropna, progress=progress,
                                      **per_method[m]) for m in chosen}
-    n_rows = len(next(iter(table.data.values())))
-    log(f"{spec.name}: {n_rows} rows; methods {', '.join(chosen)}; reference NUTS {settings['num_chains']} chains x "
-        f"({settings['num_warmup']} + {settings['num_samples']})")
-    ref = own_reference(spec, table.data, settings=settings, seed=seed, crosscheck=crosscheck, cache_dir=cache_dir,
-                        fresh=fresh_reference, progress=progress, log=log)
+    return ComparisonPlan(spec, table.data, settings, bool(reference), per_method, prepared, seed)
+
+
+def run_plan(plan: ComparisonPlan, out: str | os.PathLike, *, section: str | None = None,
+             data_note: str | None = None, crosscheck: Any = True, cache_dir: str | os.PathLike | None = None,
+             fresh: bool = False, fresh_reference: bool = False, make_reference: bool = True,
+             stored_tags: Sequence[str] | None = None, progress: bool = True, log: Log = print) -> Comparison:
+    """Run a planned comparison: the reference (``own_reference``; ``make_reference`` False: only a stored or
+    cached one, else ``NoReference`` before any fit), the methods (each tree in ``out/<model>[/<section>]/``,
+    reused on a rerun unless ``fresh``) and the report there (``write_comparison``)."""
+    t_start = time.time()
+    spec = plan.spec
+    n_rows = len(next(iter(plan.data.values())))
+    log(f"{spec.name}{f'/{section}' if section else ''}: {n_rows} rows; methods {', '.join(plan.prepared)}")
+    ref = own_reference(spec, plan.data, settings=plan.settings, seed=plan.seed, crosscheck=crosscheck,
+                        cache_dir=cache_dir, fresh=fresh_reference, stored=not plan.own_settings,
+                        stored_tags=stored_tags, make=make_reference, progress=progress, log=log)
     t_methods = time.time()
-    trees = fit_prepared_methods(spec, prepared, per_method, Path(out) / spec.name, seed=seed, fresh=fresh, log=log)
+    trees = fit_prepared_methods(spec, plan.prepared, plan.options, Path(out) / spec.name / (section or ""),
+                                 seed=plan.seed, fresh=fresh, log=log)
     seconds = {"reference": ref.seconds, "methods": time.time() - t_methods}
-    page = write_comparison(spec, {OWN_REFERENCE_LABEL: ref.tree, **trees}, Path(out), log=log)
+    page = write_comparison(spec, {ref.label: ref.tree, **trees}, Path(out), section=section, data_note=data_note,
+                            log=log)
     summary = json.loads((page.parent / SUMMARY).read_text())
     seconds["total"] = time.time() - t_start
     return Comparison(page=page, verdicts={m: v["verdict"] for m, v in summary.get("methods", {}).items()},
                       reference=ref, seconds=seconds)
+
+
+def compare(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str] | None = None, *,
+            out: str | os.PathLike = "zoo-compare", columns: Mapping[str, Any] | None = None, dropna: bool = False,
+            seed: int = 0, hyper: Mapping[str, Any] | None = None,
+            options: Mapping[str, Mapping[str, Any]] | None = None, reference: Mapping[str, Any] | None = None,
+            crosscheck: Any = True, cache_dir: str | os.PathLike | None = None, fresh: bool = False,
+            fresh_reference: bool = False, progress: bool = True, log: Log = print) -> Comparison:
+    """Compare ``methods`` with MCMC on your own data: a NUTS reference on ``data`` (``own_reference``: a stored
+    reference of the same data and hyperparameters serves as it is, else one is made and cached), every method
+    fitted on the same data, and the report of ``zoo compare`` written to ``out/<model>/report.html`` with a
+    verdict per method (NOT JUDGED, with what to try, when the reference cannot be made healthy).
+
+    Parameters
+    ----------
+    model, data:   a model name and a pandas DataFrame (read with ``columns``/``dropna``, as ``inference.fit``)
+                   or a dict of arrays.
+    methods:       default: every method of the model.
+    hyper:         hyperparameters, the same for the reference and every method (default: the model's
+                   ``reference_options``).
+    options:       per-method options over the model's ``demo_options``: ``{"gibbs": {"num_samples": 4000}}``.
+    reference:     NUTS options of the reference over ``references.reference_settings`` (4 chains, ...); given,
+                   a reference is made with exactly these (no stored reference serves).
+    crosscheck:    True: the model's exact cross-check sampler as for the stored references; None: none.
+    cache_dir:     where references are cached (``default_cache_dir()``); ``fresh_reference`` remakes it,
+                   ``fresh`` refits the methods.
+
+    Every argument, method and option is checked before anything runs (``ValueError`` naming it).
+    """
+    plan = plan_comparison(model, data, methods, columns=columns, dropna=dropna, seed=seed, hyper=hyper,
+                           options=options, reference=reference, progress=progress)
+    return run_plan(plan, out, crosscheck=crosscheck, cache_dir=cache_dir, fresh=fresh,
+                    fresh_reference=fresh_reference, progress=progress, log=log)
+
+
+def compare_real_data(spec: zoo.ModelSpec | str, out: str | os.PathLike, *, seed: int = 0, fresh: bool = False,
+                      progress: bool = True, log: Log = print) -> dict[str, Path]:
+    """The demo's real-data sections of ``spec`` (``diagnostics.realdata.real_sections``: one per demo dataset
+    with a stored reference), each through the own-data pipeline: ``real_methods`` fitted on the reference's
+    stored arrays with its hyperparameters, the stored ``real_<dataset>`` reference serving as the reference
+    (never a NUTS run: a stored reference that no longer matches skips the section and says so), each tree in
+    ``out/<model>/real_<dataset>/`` reused on a rerun (unless ``fresh``), one report page there. Returns
+    ``{dataset: page}``."""
+    spec = zoo.get(spec)
+    pages = {}
+    for section in real_sections(spec, log=log):
+        plan = plan_comparison(spec, section.data, real_methods(spec), seed=seed, hyper=section.hyper,
+                               options=section.options, progress=progress)
+        try:
+            result = run_plan(plan, out, section=section.tag, data_note=section.note, fresh=fresh,
+                              make_reference=False, stored_tags=[section.tag], progress=progress, log=log)
+        except NoReference:
+            log(f"  {spec.name}/real data {section.dataset}: the stored reference "
+                f"{references.reference_path(spec.name, section.tag).name} was made with other hyperparameters or "
+                f"data than the dataset now declares; section skipped (make references MODELS={spec.name})")
+            continue
+        pages[section.dataset] = result.page
+    return pages
 
 
 # --------------------------------------------------------------------------------------------------

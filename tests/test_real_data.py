@@ -271,16 +271,23 @@ def test_reference_sets_add_one_real_tag_per_demo_dataset_with_its_hyperparamete
             references.reference_settings(name, **options)             # valid NUTS options
 
 
-def test_real_options_give_each_kernel_the_hyperparameters_of_the_real_reference():
-    from diagnostics.realdata import real_methods, real_options
+def test_real_sections_give_each_kernel_the_hyperparameters_of_the_real_reference():
+    # the options each kernel of a section is prepared with (the own-data pipeline's plan, nothing run): the
+    # hyperparameters of the stored real reference replace those of the simulated demo
+    from diagnostics.compare import plan_comparison
+    from diagnostics.realdata import real_methods, real_sections
 
     spec = zoo.get("mppca")
     assert spec.demo_options["vbem"]["tau_fixed"] == 1.0                 # the simulated demo's
-    assert real_options(spec, "iris", "vbem")["tau_fixed"] is None        # the real reference's
     assert real_methods(spec) == ["vbem", "em", "vbgmm"]
+    (iris,) = real_sections(spec, log=lambda line: None)                  # digits is not in the demo
+    assert iris.tag == "real_iris" and iris.hyper["tau_fixed"] is None    # the real reference's
+    plan = plan_comparison(spec, iris.data, real_methods(spec), hyper=iris.hyper, options=iris.options)
+    assert plan.options["vbem"]["tau_fixed"] is None and not plan.own_settings
     bpca = zoo.get("bpca")
-    assert real_options(bpca, "airquality", "badmm")["num_nodes"] == 3
-    assert real_options(bpca, "airquality", "vbem")["M"] == 2
+    (air,) = real_sections(bpca, log=lambda line: None)
+    plan = plan_comparison(bpca, air.data, real_methods(bpca), hyper=air.hyper, options=air.options)
+    assert plan.options["badmm"]["num_nodes"] == 3 and plan.options["vbem"]["M"] == 2
 
 
 def test_stored_tags_list_real_data_references_last(monkeypatch, tmp_path):
@@ -294,7 +301,7 @@ def test_stored_tags_list_real_data_references_last(monkeypatch, tmp_path):
 
 def test_a_real_dataset_without_a_stored_reference_gets_no_section_and_says_so(monkeypatch, tmp_path):
     from diagnostics import references
-    from diagnostics.realdata import compare_real_data
+    from diagnostics.compare import compare_real_data
 
     monkeypatch.setattr(references, "REFERENCE_DIR", tmp_path)
     lines = []
@@ -309,7 +316,7 @@ def test_demo_real_data_section_judges_the_kernels_against_the_stored_reference(
     import json
 
     from diagnostics import references
-    from diagnostics.realdata import compare_real_data
+    from diagnostics.compare import compare_real_data
     from diagnostics.report import report_index
 
     assert references.reference_path("ppca", "real_wine").is_file()
@@ -324,3 +331,109 @@ def test_demo_real_data_section_judges_the_kernels_against_the_stored_reference(
     again = []
     compare_real_data("ppca", tmp_path, progress=False, log=again.append)
     assert sum("reusing" in line for line in again) == 2
+
+
+# --------------------------------------------------------------------------------------------------
+# The sections run through the own-data pipeline (diagnostics.compare), the stored reference serving as the
+# reference: on a conjugate toy model with a "real" dataset, its reference stored in a temporary folder
+# --------------------------------------------------------------------------------------------------
+
+TOY_NUTS = {"num_warmup": 300, "num_samples": 1000}          # 4 chains x 1000: the standard's 4000 draws
+
+
+@pytest.fixture(scope="module")
+def toy_real(tmp_path_factory):
+    """``toy_real``: the conjugate normal model of test_spine with a closed-form sampler ``exact`` (4 chains of
+    independent posterior draws) and one real dataset ``toy`` (tau0 = 1.5), whose reference ``real_toy`` is
+    stored (two short NUTS runs, as ``make references`` makes it) in a temporary reference folder."""
+    import dataclasses
+
+    import jax
+    from test_spine import SPEC, exact_posterior
+
+    from diagnostics import references
+    from inference import Draws, register_method
+
+    @register_method("exact", kind="sampler", models=("toy_real",), options={"num_samples": 1000})
+    def _exact(ctx):
+        m, s = exact_posterior(ctx.data["y"], **ctx.hyper)
+        return Draws(posterior={"mu": m + s * jax.random.normal(ctx.key, (4, ctx.options["num_samples"]))})
+
+    y = np.random.default_rng(5).normal(0.7, 1.0, 30)
+    real = zoo.RealDataset(loader=lambda: ({"y": y}, {}), source="sklearn.datasets.toy (test)", licence="test",
+                           description="30 draws of N(0.7, 1)", sizes={"n": 30}, hyper={"tau0": 1.5},
+                           reference_options=TOY_NUTS)
+    spec = zoo.register(dataclasses.replace(SPEC, name="toy_real", real_datasets={"toy": real}), replace=True)
+    patch = pytest.MonkeyPatch()
+    patch.setattr(references, "REFERENCE_DIR", tmp_path_factory.mktemp("references"))
+    data, options = spec.reference_sets()["real_toy"]
+    references.generate("toy_real", data, tag="real_toy", crosscheck=None, **options)
+    yield spec, data
+    patch.undo()
+    zoo.unregister("toy_real")
+
+
+@pytest.fixture
+def no_nuts(monkeypatch):
+    """Any reference run (``references.generate``'s fits) fails the test."""
+    from diagnostics import references
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a reference run was started: {args[2] if len(args) > 2 else kwargs}")
+
+    monkeypatch.setattr(references, "fit", refuse)
+
+
+def test_real_data_sections_go_through_compare_with_the_stored_reference_and_run_no_nuts(toy_real, no_nuts,
+                                                                                           tmp_path):
+    import json
+
+    import diagnostics
+    from diagnostics.compare import compare_real_data
+    from diagnostics.report import report_index
+
+    spec, data = toy_real
+    lines = []
+    pages = compare_real_data("toy_real", tmp_path, progress=False, log=lines.append)
+    page = pages["toy"]
+    assert page == tmp_path / "toy_real" / "real_toy" / "report.html"
+    summary = json.loads((page.parent / "summary.json").read_text())
+    assert summary["reference"] == "reference (stored NUTS, real_toy)" and summary["reference_health"]["reliable"]
+    assert set(summary["methods"]) == {"exact"} and summary["methods"]["exact"]["verdict"] == "PASS"
+    assert "real data toy (sklearn.datasets.toy (test); n=30): 30 draws of N(0.7, 1). Licence: test" in \
+        page.read_text()
+    assert any("stored NUTS reference" in line and "serves" in line for line in lines)
+    assert "real_toy/report.html" in report_index({"toy_real / real data: toy": page}, tmp_path).read_text()
+    again = []
+    compare_real_data("toy_real", tmp_path, progress=False, log=again.append)
+    assert sum("reusing" in line for line in again) == 1                 # the exact fit, from the first run
+    # a user's compare on the same data and hyperparameters is served by the stored reference too (no cache)
+    result = diagnostics.compare("toy_real", {"y": data["y"]}, ["exact"], hyper={"tau0": 1.5}, out=tmp_path / "own",
+                                 cache_dir=tmp_path / "cache", progress=False, log=lambda line: None)
+    assert result.reference.stored == "real_toy" and result.verdicts == {"exact": "PASS"}
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_stored_real_reference_of_other_hyperparameters_serves_nothing_and_runs_nothing(toy_real, no_nuts,
+                                                                                          tmp_path):
+    import dataclasses
+
+    from diagnostics import references
+    from diagnostics.compare import NoReference, compare_real_data, own_reference
+
+    spec, data = toy_real
+    with pytest.raises(NoReference, match="no stored or cached NUTS reference of 'toy_real'"):
+        own_reference(spec, data, settings=references.reference_settings("toy_real", tau0=2.0, **TOY_NUTS),
+                      cache_dir=tmp_path, make=False, log=lambda line: None)
+    other = dict(data, y=data["y"] + 0.01)                                  # other data, same hyperparameters
+    with pytest.raises(NoReference):
+        own_reference(spec, other, settings=references.reference_settings("toy_real", tau0=1.5, **TOY_NUTS),
+                      cache_dir=tmp_path, make=False, log=lambda line: None)
+    real = dataclasses.replace(spec.real_datasets["toy"], hyper={"tau0": 2.0})   # declared after it was stored
+    zoo.register(dataclasses.replace(spec, real_datasets={"toy": real}), replace=True)
+    try:
+        lines = []
+        assert compare_real_data("toy_real", tmp_path, progress=False, log=lines.append) == {}
+        assert "made with other hyperparameters or data than the dataset now declares" in lines[-1]
+    finally:
+        zoo.register(spec, replace=True)

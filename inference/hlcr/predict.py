@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from inference.hlcr.common import cluster_posteriors, pair_data
-from inference.predict import register_predictor
+from inference.predict import is_integer_label, label_key, register_predictor
 from inference.trees import problem_of
 from zoo.hlcr import model_inputs, pair_loglik, pair_structure, resolve_hyper
 
@@ -50,12 +50,8 @@ def predict(tree, new_data: dict, *, prob: float = 0.9, max_draws: int = 200) ->
     psi = _flat(post, "psi", (K,))
     keep = np.unique(np.linspace(0, len(psi) - 1, min(max_draws, len(psi))).round().astype(int))
     ps = pair_structure(data["agent"], data["entity"])
-    lookup = {(int(a), int(e)): p for p, (a, e) in enumerate(ps["pair_ids"])}
-    agent_lookup = {int(a): i for i, a in enumerate(ps["agent_ids"])}
     X = np.asarray(new_data["X"], float)
-    pair_new = np.array([lookup.get((int(a), int(e)), -1)
-                         for a, e in zip(new_data["agent"], new_data["entity"], strict=True)])
-    agent_new = np.array([agent_lookup.get(int(a), -1) for a in new_data["agent"]])
+    agent_new, pair_new = new_event_codes(ps, data, new_data["agent"], new_data["entity"])
     known, agent_known = pair_new[:, None] >= 0, agent_new[:, None] >= 0
     pair_idx, agent_idx = jnp.maximum(pair_new, 0), jnp.maximum(agent_new, 0)
 
@@ -91,6 +87,32 @@ def predict(tree, new_data: dict, *, prob: float = 0.9, max_draws: int = 200) ->
     lower = _mixture_quantile(weight, mu, np.sqrt(var), (1 - prob) / 2, mean, sd)
     upper = _mixture_quantile(weight, mu, np.sqrt(var), (1 + prob) / 2, mean, sd)
     return {"mean": mean, "sd": sd, "lower": lower, "upper": upper, "known_pair": pair_new >= 0}
+
+
+def new_event_codes(ps: dict, data: dict, agent, entity) -> tuple[np.ndarray, np.ndarray]:
+    """Agent and pair indices of new events in the training data's numbering (``pair_structure``), -1 for a new
+    agent or a new pair (cold start). Labels are those the tree was fitted with: store names when it was fitted
+    from a DataFrame with text labels, integer ids otherwise. A label of another kind (an integer where the tree
+    knows text, a float, text where it knows integers) is a ``ValueError`` naming ``new_data['agent']`` or
+    ``new_data['entity']``, never a silent conversion or a silent cold start."""
+    agent = np.atleast_1d(np.asarray(agent, dtype=object))
+    entity = np.atleast_1d(np.asarray(entity, dtype=object))
+    if agent.ndim != 1 or agent.shape != entity.shape:
+        raise ValueError(f"new_data['entity']: expected one agent and one entity label per new event, got shapes "
+                         f"{agent.shape} and {entity.shape}")
+    for field, new in (("agent", agent), ("entity", entity)):
+        text = np.asarray(data[field]).dtype.kind in "US"
+        of_kind = (lambda v: isinstance(v, str | np.str_)) if text else is_integer_label
+        wrong = next((v for v in new if not of_kind(v)), None)
+        if wrong is not None:
+            raise ValueError(f"new_data[{field!r}]: label {wrong!r} ({type(wrong).__name__}), but the tree was "
+                             f"fitted with {'text' if text else 'integer'} labels")
+    agents = {label_key(a): i for i, a in enumerate(ps["agent_ids"].tolist())}
+    pairs = {(label_key(a), label_key(e)): p for p, (a, e) in enumerate(ps["pair_ids"].tolist())}
+    agent_idx = np.array([agents.get(label_key(a), -1) for a in agent], dtype=np.int64)
+    pair_idx = np.array([pairs.get((label_key(a), label_key(e)), -1) for a, e in zip(agent, entity)],
+                        dtype=np.int64)
+    return agent_idx, pair_idx
 
 
 def _mixture_quantile(weight, mu, sd, p, mean, total_sd, iters=80):

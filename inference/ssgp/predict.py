@@ -6,6 +6,11 @@ At draw s the linear predictor of a new point is eta*_s = z(x*; lam_s)^T alpha_s
 feature map z(x; lam) = [cos(t_r(x)^T lam), sin(t_r(x)^T lam)]_r, t_r(x) = s_r * x (notes §2.1),
 alpha_s = sigma_s alpha_raw_s / sqrt(m), and the design row a* = [1, A*, random-effect columns of the point's
 group] (zero random effect for a new group). Means and variances are over the draws.
+
+Groups of new points are given by the labels the tree was fitted with (``inference.predict.label_codes``):
+subject names when the tree was fitted from a DataFrame with string labels, the integer ids of a dict (0..J-1 for
+the simulators and loaders). A label the tree does not know is a ``ValueError`` naming ``group`` (and, for a
+DataFrame of new rows, its column).
 """
 
 from __future__ import annotations
@@ -13,16 +18,18 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import expit, ndtr
 
-from inference.predict import register_predictor
+from inference.predict import label_codes, register_predictor
 from inference.ssgp.problem import LIKELIHOOD_OF, MODELS
 from inference.trees import problem_of
 from zoo import ssgp
+from zoo._validation import factorize
 
 ROWS_PER_BLOCK = 2**22  # draws x new points x m features per block of the feature map
 
 
 def new_design(data, hyper, X_new, group=None, A=None):
-    """Scaled new inputs and their design rows [1, A, random effects] (zeros for group None or -1)."""
+    """Scaled new inputs and their design rows [1, A, random effects]; ``group`` holds group **codes** 0..J-1
+    (``group_codes_of``), zeros for None or -1."""
     X_new = np.atleast_2d(np.asarray(X_new, dtype=np.float64))
     X = np.asarray(data["X"])
     if X_new.shape[1] != X.shape[1]:
@@ -44,7 +51,10 @@ def new_design(data, hyper, X_new, group=None, A=None):
         T = 1 + len(slopes)
         R = np.zeros((n, J * T))
         if group is not None:
-            g = np.broadcast_to(np.asarray(group, dtype=np.int64), (n,))
+            g = np.asarray(group, dtype=np.int64).reshape(-1)
+            if g.size not in (1, n):
+                raise ValueError(f"group: expected one group per row of X ({n}), got {g.size}")
+            g = np.broadcast_to(g, (n,))
             if np.any(g >= J) or np.any(g < -1):
                 raise ValueError(f"group: expected indices in 0..{J - 1} (or -1 / None for a new group, i.e. "
                                  f"without random effect), got values in {int(g.min())}..{int(g.max())}")
@@ -54,6 +64,16 @@ def new_design(data, hyper, X_new, group=None, A=None):
                 R[rows, g[rows] * T + t] = C[rows, t]
         cols.append(R)
     return Xs, np.concatenate(cols, axis=1)
+
+
+def group_codes_of(data, hyper, labels):
+    """Codes 0..J-1 of new points' group ``labels`` in the numbering of the training data
+    (``zoo.ssgp.group_codes``: the sorted distinct labels, or the labels themselves when ``n_groups`` is given);
+    -1 / None: no random effect."""
+    if labels is None or data.get("group") is None:
+        return None
+    known = np.arange(int(hyper["n_groups"])) if hyper.get("n_groups") is not None else factorize(data["group"])[1]
+    return label_codes("group", labels, known)
 
 
 def _coefficients(post):
@@ -72,8 +92,9 @@ def predict(tree, new_data, **options):
     """Posterior predictive summaries at ``new_data = {"X": (n*, d), "group": (n*,) optional, "A": (n*, s)
     optional}`` (a ``"y"`` entry is ignored).
 
-    ``group``: the group of each new point (absent, None or -1: population level, no random effect; a known
-    group adds its random effect). Returns a dict of arrays over the new points: ``f_mean``/``f_var`` (the GP
+    ``group``: the group label of each new point, as in the training data (absent, None or -1: population
+    level, no random effect; a known label adds its group's random effect; an unknown label is a
+    ``ValueError``). Returns a dict of arrays over the new points: ``f_mean``/``f_var`` (the GP
     part f = Z alpha), ``mean``/``var`` of the linear predictor eta = beta0 + f (+ A beta + random effect),
     and ``y_var`` (LMM: var + E[gamma^2]) or ``prob`` (binary models: P(y = 1), the average over draws of
     Phi(eta) for probit, of the logistic sigma(eta) for logit)."""
@@ -85,7 +106,8 @@ def predict(tree, new_data, **options):
     if new_data.get("X") is None:
         raise ValueError("X: new_data needs the new inputs 'X' (n*, d)")
     spec, data, hyper = problem_of(tree)
-    Xs, Arow = new_design(data, hyper, new_data["X"], new_data.get("group"), new_data.get("A"))
+    codes = group_codes_of(data, hyper, new_data.get("group"))
+    Xs, Arow = new_design(data, hyper, new_data["X"], codes, new_data.get("A"))
     S = ssgp.spectral_points(hyper["m"], Xs.shape[1], hyper["spectral_seed"])
     m = S.shape[0]
     post = tree["posterior"].to_dataset().stack(sample=("chain", "draw")).transpose("sample", ...)
