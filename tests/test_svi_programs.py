@@ -20,7 +20,9 @@ from numpyro.infer import SVI, Trace_ELBO
 import inference
 import zoo
 from inference._timing import Stopwatch
-from inference.svi import CHUNK_STEPS, make_guide
+
+# inference.svi is imported inside the tests: importing it here, at collection, would register "svi" before
+# "nuts" and change the order inference.methods_for lists them in (tests/test_spine.py checks it).
 
 
 def centred_model(y, spread=3.0):
@@ -40,7 +42,7 @@ def simulate(seed, n=30, mu=None):
 SPEC = zoo.ModelSpec(name="svi_centred", model=centred_model, simulate=simulate, paper="(test toy)",
                      data_fields=(zoo.DataField("y", ("n",)),),
                      hyperparameters={"spread": zoo.Hyper(3.0)})
-STEPS, DRAWS = 300, 40   # 300 > CHUNK_STEPS: two chunks, the second one cut at num_steps
+STEPS, DRAWS = 300, 40   # 300 > CHUNK_STEPS (250): two chunks, the second one cut at num_steps
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -53,6 +55,8 @@ def toy():
 def numpyro_svi_draws(y, seed, guide_kind, num_steps=STEPS, num_samples=DRAWS, learning_rate=1e-2):
     """The oracle: NumPyro's ``SVI.run`` (one ``lax.scan``, a fresh guide) on the same keys as ``run_svi``
     (``k_fit, k_draw = split(key(seed))``; draw i from the guide seeded with ``split(k_draw, S)[i]``)."""
+    from inference.svi import make_guide
+
     kwargs = {"y": y, "spread": 3.0}
     guide = make_guide(centred_model, guide_kind, "median")
     svi = SVI(centred_model, guide, optax.adam(learning_rate), Trace_ELBO())
@@ -92,6 +96,8 @@ def test_a_second_fit_with_another_seed_data_and_num_steps_compiles_nothing_and_
     """After one fit, fits on other same-shaped data, with another seed and another num_steps, trigger no JAX
     tracing or compilation at all (``Stopwatch.compile_events == 0``: the programs are cached, the data are
     their arguments); the same seed gives identical draws (same process, same compiled programs)."""
+    from inference.svi import CHUNK_STEPS
+
     y_a, _ = simulate(3)
     y_b, _ = simulate(4)
     first = inference.fit("svi_centred", y_a, "svi", seed=5, num_steps=STEPS, num_samples=DRAWS)
