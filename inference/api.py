@@ -28,6 +28,7 @@ from inference._methods import Draws, FitContext, Method, get_method, resolve_op
 from inference._timing import Stopwatch
 from inference.trees import build_tree, non_finite_as_error
 from zoo._frames import FrameData, from_frame, with_columns
+from zoo._runtime import DEVICE_ENV, current_device, requested_device, set_device
 from zoo._validation import validate_data, validate_hyper
 
 
@@ -74,9 +75,11 @@ def read_data(spec: zoo.ModelSpec, data: Any, columns: Mapping[str, Any] | None 
 
 
 def prepare(model: str | zoo.ModelSpec, data: Any, method: str, *, seed: int,
-            columns: Mapping[str, Any] | None = None, dropna: bool = False, **options: Any) -> Prepared:
+            columns: Mapping[str, Any] | None = None, dropna: bool = False, device: str | None = None,
+            **options: Any) -> Prepared:
     """Validate a fit (arguments as for ``fit``) before anything compiles; ``ValueError`` on the first bad
     argument, named (for a DataFrame, with the column a bad field was read from)."""
+    select_device(device)  # first: JAX picks its platform at its first computation
     get_method(zoo.get(model), method)  # the checks in fit's order: model, method, seed, hyper, options, data
     seed = check_seed(seed)
     spec, meth, hyper, opts = resolve(model, method, options)
@@ -85,6 +88,15 @@ def prepare(model: str | zoo.ModelSpec, data: Any, method: str, *, seed: int,
         with_columns(lambda: spec.check(table.data, hyper), table.columns)
     ctx = FitContext(spec=spec, data=table.data, hyper=hyper, options=opts, key=jax.random.key(seed), seed=seed)
     return Prepared(meth, ctx, table.axis_labels, table.provenance if table.columns else {})
+
+
+def select_device(device: str | None) -> str | None:
+    """``device`` (else ``$BAYES_ZOO_DEVICE``, else nothing to do) selected for this process, or checked if JAX
+    has started (``zoo._runtime.set_device``); a ``ValueError`` naming ``device`` or the variable."""
+    if device is not None:
+        return set_device(device, "device")
+    requested = requested_device()
+    return set_device(requested, DEVICE_ENV) if requested is not None else None
 
 
 def run(prepared: Prepared) -> Draws:
@@ -101,13 +113,15 @@ def build(prepared: Prepared, draws: Draws, *, compile_seconds: float = 0.0, run
     """The DataTree of ``draws`` (``inference.trees.build_tree``) with the prepared fit's data and attrs."""
     ctx = prepared.context
     with non_finite_as_error(prepared.name):
-        return build_tree(ctx.spec, ctx.data, ctx.hyper, draws, method=prepared.name, seed=ctx.seed,
+        tree = build_tree(ctx.spec, ctx.data, ctx.hyper, draws, method=prepared.name, seed=ctx.seed,
                           options=ctx.options, compile_seconds=compile_seconds, run_seconds=run_seconds,
                           axis_labels=prepared.axis_labels, data_source=prepared.provenance)
+    tree.attrs["device"] = current_device()
+    return tree
 
 
 def fit(model: str | zoo.ModelSpec, data: Any, method: str, *, seed: int, columns: Mapping[str, Any] | None = None,
-        dropna: bool = False, **options: Any) -> xr.DataTree:
+        dropna: bool = False, device: str | None = None, **options: Any) -> xr.DataTree:
     """Fit ``model`` to ``data`` with ``method`` and return an ArviZ ``xarray.DataTree``.
 
     Parameters
@@ -127,6 +141,13 @@ def fit(model: str | zoo.ModelSpec, data: Any, method: str, *, seed: int, column
     dropna:  for a DataFrame: drop the rows with a missing value where the model allows none (default: such
              rows are a ``ValueError`` naming the column and the number of rows). NaN where the model allows it
              (bpca's ``Y``: a missing entry) is always kept.
+    device:  ``"cpu"`` or ``"gpu"``: the platform JAX computes on. JAX picks it once per process, at its first
+             computation, so it is a setting of the process: the first fit (or ``zoo.set_device``, or the
+             environment variable ``BAYES_ZOO_DEVICE``, or ``zoo --device``) selects it, later fits may only
+             name the same one. Default: ``$BAYES_ZOO_DEVICE``, else the process's platform (the CPU unless
+             ``JAX_PLATFORMS`` says otherwise). ``"gpu"`` where JAX finds no GPU is a ``ValueError`` naming
+             ``device``, with the platforms found and how to install CUDA JAX. The tree's ``device`` attr
+             names the device the fit ran on.
     options: the model's hyperparameters (``spec.hyperparameters``) and the method's options.
              Shared names: ``num_warmup``, ``num_samples``, ``num_chains`` (samplers; Gibbs counts
              sweeps), ``max_iter``/``tol`` (VB/EM/ADMM loops), ``num_steps`` (SVI), ``num_samples``
@@ -137,7 +158,7 @@ def fit(model: str | zoo.ModelSpec, data: Any, method: str, *, seed: int, column
     -------
     DataTree with groups ``posterior``, ``sample_stats``, ``log_likelihood``, ``log_prior``,
     ``observed_data``, ``constant_data`` and attrs ``model``, ``method``, ``seed``, ``options``,
-    ``hyperparameters``, ``package_versions``, ``compile_seconds``, ``run_seconds``.
+    ``hyperparameters``, ``package_versions``, ``compile_seconds``, ``run_seconds``, ``device``.
 
     Raises
     ------
@@ -145,7 +166,8 @@ def fit(model: str | zoo.ModelSpec, data: Any, method: str, *, seed: int, column
     inference.NonFiniteError: the fit hit NaN/inf (draws, log densities, a kernel's floating-point
         error or NumPyro rejecting a non-finite parameter), with the method, the variable and advice.
     """
-    return fit_prepared(prepare(model, data, method, seed=seed, columns=columns, dropna=dropna, **options))
+    return fit_prepared(prepare(model, data, method, seed=seed, columns=columns, dropna=dropna, device=device,
+                                **options))
 
 
 def fit_prepared(prepared: Prepared) -> xr.DataTree:

@@ -3,15 +3,32 @@
 ``guide``: ``"normal"`` (AutoNormal, mean field), ``"lowrank"`` (AutoLowRankMultivariateNormal,
 ``rank`` option) or ``"mvn"`` (AutoMultivariateNormal), or a callable: a hand-written NumPyro guide with the
 model's signature (e.g. ``inference.bpca.guide.guide``, the closed-form MFVI family of BPCA; ``init`` and ``rank``
-are then unused). Adam (optax) with ``learning_rate``;
-``num_steps`` steps; the ELBO trace is kept in ``sample_stats.elbo``. ``num_samples`` draws are taken
-from the fitted guide, and ``log_q`` (the guide's log density at each draw, in the model's
+are then unused). Adam (optax) with ``learning_rate``, NumPyro's ``SVI.stable_update`` (a step whose ELBO
+estimate or gradient is not finite is skipped: its ``elbo`` entry is NaN, the tree's ``rejected_steps`` attr
+counts them); ``num_steps`` steps; the ELBO trace is kept in ``sample_stats.elbo``. ``num_samples`` draws are
+taken from the fitted guide, and ``log_q`` (the guide's log density at each draw, in the model's
 constrained space) is stored with them so PSIS k-hat can be computed (Yao et al. 2018). The fitted guide's
 parameters are stored in group ``variational``. There is no closed-form bound: the ``elbo`` trace holds the
-``num_particles``-sample estimate at each step, and the tree's ``objective`` attribute the mean of its last 5 %.
+``num_particles``-sample estimate at each step, and the tree's ``objective`` attribute the mean of its last 5 %
+(of the finite ones).
+
+Compiled once per (model, non-array model arguments, guide settings, data shapes), like ``nuts._sampler``: the
+data arrays are arguments of three cached programs (``_programs``: initialise, a chunk of ``CHUNK_STEPS`` Adam
+steps, the draws), so a second fit on data of the same shapes (another seed, another data set, another
+``num_steps``) compiles nothing. NumPyro's autoguides set themselves up on their first call from that call's data
+(the prototype trace, the initial locations, the constraint transforms), so each program builds its own guide and
+``SVI`` inside its trace: a guide object kept between fits would carry the first fit's data into the next.
+
+A fit that cannot be evaluated is a ``NonFiniteError`` with advice (lower ``learning_rate``, another ``guide`` or
+``init``), never NumPyro's argument validation: the ELBO estimate non-finite at every step of the last 5 % (the
+fit is stuck where it cannot be evaluated), or non-finite fitted parameters, draws or log q.
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,13 +37,19 @@ import optax
 import xarray as xr
 from numpyro import handlers
 from numpyro.infer import SVI, Trace_ELBO
-from numpyro.infer.autoguide import AutoLowRankMultivariateNormal, AutoMultivariateNormal, AutoNormal
+from numpyro.infer.autoguide import AutoGuide, AutoLowRankMultivariateNormal, AutoMultivariateNormal, AutoNormal
+from tqdm.auto import tqdm
 
 from inference._init_strategies import INIT_STRATEGIES
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.progress import progress_enabled
+from inference.trees import NonFiniteError, split_arguments
 
 _GUIDES = ("normal", "lowrank", "mvn")
+SVI_SETTINGS = ("guide", "init", "rank", "learning_rate", "num_particles")
+# Adam steps per compiled chunk (a progress-bar update and a host round trip between chunks). Fixed, so one
+# program serves every num_steps: the steps of the last chunk past num_steps are skipped (lax.cond).
+CHUNK_STEPS = 250
 
 
 def _check(options: dict) -> None:
@@ -36,15 +59,59 @@ def _check(options: dict) -> None:
                          f"got {options['guide']!r}")
 
 
+class _SitesInModelOrder(AutoGuide):
+    """An autoguide's initial locations in the model's site order, traced or not. NumPyro's set-up finds them with
+    ``find_valid_initial_params``: eagerly one step, in the model's order; traced (inside our programs) through a
+    ``lax.while_loop``, whose dict comes back with sorted keys. AutoContinuous guides pack their latent vector in
+    that order, so without this the layout of ``auto_loc``/``auto_scale_tril``/``auto_cov_factor`` in the tree
+    would depend on where the guide was set up (sits between AutoContinuous and AutoGuide in the MRO)."""
+
+    def _setup_prototype(self, *args, **kwargs):
+        super()._setup_prototype(*args, **kwargs)
+        self._init_locs = {name: self._init_locs[name] for name in self.prototype_trace if name in self._init_locs}
+
+
+class _Normal(AutoNormal, _SitesInModelOrder):
+    pass
+
+
+class _LowRank(AutoLowRankMultivariateNormal, _SitesInModelOrder):
+    pass
+
+
+class _MultivariateNormal(AutoMultivariateNormal, _SitesInModelOrder):
+    pass
+
+
 def make_guide(model, kind, init: str = "median", rank: int | None = None):
+    """The autoguide ``kind`` of ``model`` (its latent sites in the model's order), or ``kind`` itself when it is
+    a guide function."""
     if callable(kind):
         return kind
     init_loc_fn = INIT_STRATEGIES[init]
     if kind == "normal":
-        return AutoNormal(model, init_loc_fn=init_loc_fn)
+        return _Normal(model, init_loc_fn=init_loc_fn)
     if kind == "lowrank":
-        return AutoLowRankMultivariateNormal(model, init_loc_fn=init_loc_fn, rank=rank)
-    return AutoMultivariateNormal(model, init_loc_fn=init_loc_fn)
+        return _LowRank(model, init_loc_fn=init_loc_fn, rank=rank)
+    return _MultivariateNormal(model, init_loc_fn=init_loc_fn)
+
+
+def draw_with_log_q(guide, params, key, model_kwargs) -> tuple[dict, jax.Array]:
+    """One draw from the fitted guide seeded with ``key`` (as ``handlers.seed(guide, key)`` and NumPyro's
+    ``psis_diagnostic`` do) and log q at it, in the model's constrained space: an autoguide's sites are
+    ``TransformedDistribution``s of its unconstrained Gaussian, so their log prob includes the log |Jacobian| of
+    the transform to each site's support."""
+    tr = handlers.trace(handlers.seed(handlers.substitute(guide, data=params), key)).get_trace(**model_kwargs)
+    log_q = 0.0
+    values = {}
+    for name, site in tr.items():
+        if site["type"] != "sample":
+            continue
+        lp = site["fn"].log_prob(site["value"])
+        log_q = log_q + jnp.sum(site["scale"] * lp if site.get("scale") is not None else lp)
+        if not site.get("infer", {}).get("is_auxiliary", False):
+            values[name] = site["value"]
+    return values, log_q
 
 
 def guide_draws(guide, params, key, num_samples: int, model_kwargs) -> tuple[dict, jax.Array]:
@@ -53,25 +120,10 @@ def guide_draws(guide, params, key, num_samples: int, model_kwargs) -> tuple[dic
 
 
 def guide_draws_at(guide, params, keys, model_kwargs) -> tuple[dict, jax.Array]:
-    """One draw from the fitted guide per key in ``keys`` (the guide seeded with that key, as
-    ``handlers.seed(guide, key)`` and NumPyro's ``psis_diagnostic`` do) and log q at each, in the model's
-    constrained space: an autoguide's sites are ``TransformedDistribution``s of its unconstrained Gaussian,
-    so their log prob includes the log |Jacobian| of the transform to each site's support."""
-
-    def one(k):
-        tr = handlers.trace(handlers.seed(handlers.substitute(guide, data=params), k)).get_trace(**model_kwargs)
-        log_q = 0.0
-        values = {}
-        for name, site in tr.items():
-            if site["type"] != "sample":
-                continue
-            lp = site["fn"].log_prob(site["value"])
-            log_q = log_q + jnp.sum(site["scale"] * lp if site.get("scale") is not None else lp)
-            if not site.get("infer", {}).get("is_auxiliary", False):
-                values[name] = site["value"]
-        return values, log_q
-
-    return jax.jit(jax.vmap(one))(keys)
+    """One draw from a given, already set-up guide object per key in ``keys`` and log q at each
+    (``draw_with_log_q``), compiled for this call (the guide object carries the data it was set up with;
+    ``run_svi`` uses its cached programs instead)."""
+    return jax.jit(jax.vmap(lambda k: draw_with_log_q(guide, params, k, model_kwargs)))(keys)
 
 
 def params_dataset(params) -> xr.Dataset:
@@ -80,6 +132,60 @@ def params_dataset(params) -> xr.Dataset:
     AutoMultivariateNormal), so that q can be rebuilt from the tree."""
     arrays = {k: np.asarray(v) for k, v in params.items()}
     return xr.Dataset({k: ([f"{k}_dim_{i}" for i in range(v.ndim)], v) for k, v in arrays.items()})
+
+
+class SVIPrograms(NamedTuple):
+    """The compiled programs of one SVI configuration; ``arrays`` are the model's data arrays."""
+
+    init: Callable[..., Any]   # (key, arrays) -> SVIState (NumPyro's SVI.init)
+    steps: Callable[..., Any]  # (state, arrays, first, num_steps) -> (state, losses[CHUNK_STEPS]): Adam steps
+    #                            first, ..., first + CHUNK_STEPS - 1; those >= num_steps are skipped (loss NaN)
+    draw: Callable[..., Any]   # (state, key, arrays, num_samples) -> (params, draws, log_q)
+
+
+@functools.lru_cache(maxsize=16)
+def _programs(model, static: tuple, settings: tuple) -> SVIPrograms:
+    """The jitted programs of SVI on ``model`` with its non-array arguments ``static`` bound and the guide and
+    optimiser ``settings`` (``SVI_SETTINGS``), kept for the process (``inference.trees.split_arguments``: the
+    data arrays are arguments, so fits on data of the same shapes share them)."""
+    o = dict(settings)
+
+    def fresh(arrays, key):
+        """A new guide and ``SVI`` and ``SVI.init(key)``: the Python-side set-up (autoguide prototype, initial
+        locations drawn with ``key``, the parameters' constraint transforms) is traced from this program's data.
+        Only ``init`` uses the initial state; elsewhere it is compiled away."""
+        kwargs = {**dict(static), **arrays}
+        guide = make_guide(model, o["guide"], o["init"], o["rank"])
+        svi = SVI(model, guide, optax.adam(o["learning_rate"]), Trace_ELBO(num_particles=o["num_particles"]))
+        return svi, guide, kwargs, svi.init(key, **kwargs)
+
+    def init(key, arrays):
+        return fresh(arrays, key)[3]
+
+    def steps(state, arrays, first, num_steps):
+        svi, _, kwargs, _ = fresh(arrays, jax.random.key(0))
+        skip = lambda s: (s, jnp.full((), jnp.nan))
+        one = lambda s, t: jax.lax.cond(t < num_steps, lambda s: svi.stable_update(s, **kwargs), skip, s)
+        return jax.lax.scan(one, state, first + jnp.arange(CHUNK_STEPS))
+
+    def draw(state, key, arrays, num_samples):
+        svi, guide, kwargs, _ = fresh(arrays, jax.random.key(0))
+        params = svi.get_params(state)
+        draws, log_q = jax.vmap(lambda k: draw_with_log_q(guide, params, k, kwargs))(
+            jax.random.split(key, num_samples))
+        return params, draws, log_q
+
+    return SVIPrograms(jax.jit(init), jax.jit(steps), jax.jit(draw, static_argnames="num_samples"))
+
+
+def programs_for(model, model_kwargs, options) -> tuple[SVIPrograms, dict]:
+    """(the cached programs for this model, arguments and options; the data arrays to pass them)."""
+    arrays, static = split_arguments(model_kwargs)
+    settings = tuple((k, options[k]) for k in SVI_SETTINGS)
+    try:
+        return _programs(model, static, settings), arrays
+    except TypeError:  # an unhashable model argument or guide: programs for this call only
+        return _programs.__wrapped__(model, static, settings), arrays
 
 
 OPTIONS = {
@@ -93,18 +199,51 @@ OPTIONS = {
 }
 
 
+def advice(options: dict) -> str:
+    guide = options["guide"] if isinstance(options["guide"], str) else getattr(options["guide"], "__name__", "?")
+    return (f"lower learning_rate (now {options['learning_rate']:g}), or try another guide (now {guide!r}; "
+            f"'normal' has the fewest parameters) or init (now {options['init']!r}; 'uniform' when the prior "
+            f"median is degenerate), or check the data's scale")
+
+
+def check_fit(elbo: np.ndarray, params: dict, draws: dict, log_q: np.ndarray, options: dict) -> None:
+    """A ``NonFiniteError`` (with ``advice``) when the fit cannot be used: its ELBO estimate was not finite at
+    any step (from the initial point on), or at any step of the last 5 % (every update there was rejected: the
+    guide is stuck where the ELBO cannot be evaluated), or its parameters, draws or log q are not finite."""
+    if not np.isfinite(elbo).any():
+        raise NonFiniteError(f"method 'svi': the ELBO estimate was not finite at any of the {elbo.size} Adam steps, "
+                             f"from the guide's initial point on (no update could be applied); {advice(options)}")
+    tail = elbo[-max(1, elbo.size // 20):]
+    if not np.isfinite(tail).any():
+        raise NonFiniteError(f"method 'svi': the ELBO estimate was not finite at any of the last {tail.size} of "
+                             f"{elbo.size} Adam steps (each was rejected, the guide is stuck where the ELBO cannot "
+                             f"be evaluated); {advice(options)}")
+    for what, values in (("fitted guide parameter", params), ("draw of", draws), ("log q", {"": log_q})):
+        for name, value in values.items():
+            value = np.asarray(value)
+            if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
+                raise NonFiniteError(f"method 'svi': {int((~np.isfinite(value)).sum())} non-finite value(s) in "
+                                     f"{what} {name!r}".replace(" ''", "") + f"; {advice(options)}")
+
+
 @register_method("svi", kind="variational", check=_check, options=OPTIONS)
 def run_svi(ctx: FitContext) -> Draws:
     """Stochastic variational inference (Hoffman et al. 2013) with a NumPyro autoguide and Adam."""
     o = ctx.options
-    guide = make_guide(ctx.spec.model, o["guide"], o["init"], o["rank"])
-    svi = SVI(ctx.spec.model, guide, optax.adam(o["learning_rate"]), Trace_ELBO(num_particles=o["num_particles"]))
+    programs, arrays = programs_for(ctx.spec.model, ctx.model_kwargs, o)
     k_fit, k_draw = jax.random.split(ctx.key)
-    result = svi.run(k_fit, o["num_steps"], progress_bar=progress_enabled(o["progress"]), stable_update=True,
-                     **ctx.model_kwargs)
-    draws, log_q = guide_draws(guide, result.params, k_draw, o["num_samples"], ctx.model_kwargs)
-    posterior = {k: np.asarray(v)[None] for k, v in draws.items()}
-    elbo = -np.asarray(result.losses)
-    return Draws(posterior=posterior, sample_stats={"log_q": np.asarray(log_q)[None]},
-                 traces={"elbo": elbo}, groups={"variational": params_dataset(result.params)},
-                 objective=float(np.mean(elbo[-max(1, o["num_steps"] // 20):])), n_iter=o["num_steps"])
+    n = o["num_steps"]
+    state, losses = programs.init(k_fit, arrays), []
+    with tqdm(total=n, desc="svi", disable=not progress_enabled(o["progress"]), leave=False) as bar:
+        for first in range(0, n, CHUNK_STEPS):
+            state, chunk = programs.steps(state, arrays, np.int64(first), np.int64(n))
+            losses.append(jax.device_get(chunk))  # waits for the chunk: the bar shows steps done, not queued
+            bar.update(min(CHUNK_STEPS, n - first))
+    elbo = -np.concatenate(losses)[:n]
+    params, draws, log_q = jax.device_get(programs.draw(state, k_draw, arrays, num_samples=o["num_samples"]))
+    check_fit(elbo, params, draws, log_q, o)
+    tail = elbo[-max(1, n // 20):]
+    return Draws(posterior={k: np.asarray(v)[None] for k, v in draws.items()},
+                 sample_stats={"log_q": np.asarray(log_q)[None]}, traces={"elbo": elbo},
+                 groups={"variational": params_dataset(params)}, objective=float(np.mean(tail[np.isfinite(tail)])),
+                 n_iter=n, attrs={"rejected_steps": int((~np.isfinite(elbo)).sum())})

@@ -5,7 +5,8 @@
 >>> spec = zoo.get("hlcr"); data, truth = spec.simulate(0)
 
 The first use of anything here configures JAX once for the whole project (float64, two host CPU
-devices, ``import numpyro`` before ArviZ; see ``zoo/_runtime.py``). The names are loaded lazily
+devices, ``import numpyro`` before ArviZ; the CPU unless ``BAYES_ZOO_DEVICE=gpu`` or ``zoo.set_device("gpu")``
+asks for the GPU; see ``zoo/_runtime.py``). The names are loaded lazily
 (PEP 562) so that ``zoo --help`` does not pay for importing JAX.
 """
 
@@ -16,6 +17,7 @@ _EXPORTS = {
     "Reformulation": "zoo._registry", "RealDataset": "zoo._registry",
     "get": "zoo._registry", "list_models": "zoo._registry", "register": "zoo._registry",
     "unregister": "zoo._registry", "validate_data": "zoo._validation", "validate_hyper": "zoo._validation",
+    "set_device": "zoo._runtime", "current_device": "zoo._runtime",
 }
 __all__ = sorted(_EXPORTS)
 

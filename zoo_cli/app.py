@@ -19,12 +19,23 @@ app = typer.Typer(
 DEFAULT_CACHE = Path.home() / ".cache" / "bayes-zoo" / "jax"
 
 
-def _setup() -> None:
-    """Import the packages (configures JAX) and turn on the persistent compilation cache."""
+def _setup(device: str | None = None) -> None:
+    """Import the packages (configures JAX), turn on the persistent compilation cache, and select ``device``
+    (``--device``; None: ``$BAYES_ZOO_DEVICE``, else the CPU) before JAX computes anything."""
     import os
 
     os.environ.setdefault("BAYES_ZOO_JAX_CACHE", str(DEFAULT_CACHE))
     os.environ.setdefault("MPLBACKEND", "Agg")
+    from zoo import _runtime
+
+    try:
+        if device is not None:
+            _runtime.set_device(device.strip().lower(), "device")
+        elif (requested := _runtime.requested_device()) is not None:
+            _runtime.set_device(requested, _runtime.DEVICE_ENV)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc).removeprefix("device: "),
+                                 param_hint="--device" if device is not None else None) from None
     import diagnostics  # noqa: F401
     import inference  # noqa: F401
 
@@ -40,7 +51,7 @@ def _spec(name: str):
 
 # Arguments of ``inference.fit`` that have their own command-line option, never a --set.
 _OWN_OPTIONS = {"seed": "--seed", "method": "--method", "model": "MODEL", "data": "--data", "columns": "--column",
-                "dropna": "--dropna"}
+                "dropna": "--dropna", "device": "--device"}
 
 
 def _parse_sets(pairs: list[str]) -> dict:
@@ -73,6 +84,12 @@ ColumnOption = Annotated[list[str] | None, typer.Option(
                      "of the model, e.g. --column y=sales --column X=price,promo --column agent=store. Fields "
                      "not named take the column of their own name, the model's remaining matrix field every "
                      "other column. Repeatable.")]
+DeviceOption = Annotated[str | None, typer.Option(
+    "--device", help="cpu or gpu: where JAX computes (default: $BAYES_ZOO_DEVICE, else cpu; JAX picks it once per "
+                     "process). The CPU is the default: zoo-sized fits are latency-bound and ran faster on 2 CPU "
+                     "cores than on an H100 (README, Devices). gpu needs CUDA JAX (pip install -U "
+                     "'jax[cuda13]'); asking for it where JAX finds no GPU is an error saying what was found.",
+    metavar="cpu|gpu")]
 DropnaOption = Annotated[bool, typer.Option(
     "--dropna", help="Drop the rows of a .csv/.parquet file with a missing value where the model allows none "
                      "(default: such rows are an error naming the column and the number of rows).")]
@@ -176,11 +193,12 @@ def fit(
         "--set", help="KEY=VALUE: an option of the method or a hyperparameter, e.g. --set num_samples=500 "
                       "--set K=4. Repeatable.")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    device: DeviceOption = None,
 ) -> None:
     """Fit MODEL with one method and save the ArviZ DataTree to --out (without --data: the simulator's default
     dataset). A table's labels (store names, subjects, its row index, its column names) become the tree's
     coordinates."""
-    _setup()
+    _setup(device)
     import inference
 
     spec = _spec(model)
@@ -222,6 +240,7 @@ def compare(
         help="With --data: where references made on your data are cached (default: "
              "$BAYES_ZOO_CACHE/references or ~/.cache/bayes-zoo/references).")] = None,
     fresh_reference: Annotated[bool, typer.Option(help="With --data: remake the cached reference.")] = False,
+    device: DeviceOption = None,
 ) -> None:
     """Fit several methods and write the comparison with an MCMC reference (scorecard, verdicts, plots, HTML
     report) to --out/MODEL/: on the data of the model's stored NUTS reference, or with --data on your own
@@ -252,7 +271,7 @@ def compare(
     **Approximations** (variational methods, point estimates): mean within 0.2 reference sd, sd ratio 0.8-1.25,
     PSIS k-hat <= 0.7. Bounded quantities (probabilities) never fail on a difference below 1 % of their range.
     """
-    _setup()
+    _setup(device)
     from diagnostics.compare import compare as compare_on_data
     from diagnostics.compare import run_comparison, write_comparison
     from inference import methods_for
@@ -299,6 +318,7 @@ def sensitivity(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path("zoo-sensitivity"),
     seed: Annotated[int, typer.Option(help="Random seed of the fit.")] = 0,
     fresh: Annotated[bool, typer.Option(help="Refit even when a matching fit exists in --out.")] = False,
+    device: DeviceOption = None,
 ) -> None:
     """Prior sensitivity of MODEL on your data (--data; default: the simulator's default dataset): fit --method,
     power-scale the prior and the likelihood (Kallioinen et al. 2024: the draws are re-weighted, nothing is
@@ -308,7 +328,7 @@ def sensitivity(
 
     Each quantity gets **prior** and **likelihood** sensitivities (how fast its distribution moves per log2 of
     the power): both >= 0.05 reads *prior-data conflict*, the prior alone *strong prior / weak likelihood*."""
-    _setup()
+    _setup(device)
     from diagnostics.compare import sensitivity_report
 
     spec = _spec(model)
@@ -328,12 +348,13 @@ def demo(
     models: Annotated[str, typer.Option(help="Comma-separated models; default: all.")] = "",
     seed: Annotated[int, typer.Option(help="Random seed for every fit.")] = 0,
     fresh: Annotated[bool, typer.Option(help="Refit even when a matching result exists in --out.")] = False,
+    device: DeviceOption = None,
 ) -> None:
     """The main job (`make demo`): every model, every method, compared with MCMC; writes an HTML
     report per model, a real-data report per model (its own kernels on its real dataset, against the stored NUTS
     reference of those data; `zoo list` names the datasets) and an index page counting the four verdicts (PASS,
     FAIL, NOT CONVERGED, NOT JUDGED; see `zoo compare --help`). Resumes an interrupted run unless --fresh."""
-    _setup()
+    _setup(device)
     from diagnostics.compare import run_demo
 
     names = [_spec(m.strip()).name for m in models.split(",") if m.strip()] or None
@@ -347,6 +368,7 @@ def references(
                      ] = False,
     check: Annotated[bool, typer.Option(help="Run nothing: recompute each stored reference's health from its "
                                              "stored draws and check its validation record.")] = False,
+    device: DeviceOption = None,
 ) -> None:
     """Make the stored reference posteriors in zoo/references/ (`make references`), to posteriordb's standard or
     stricter: per model and reference dataset (the simulated ones and each real dataset of the demo, tag
@@ -365,7 +387,7 @@ def references(
     # 5-10 ms instead of 0.02 ms on a loaded 2-core machine (NUTS on the collapsed probit model: 39 s vs 3.5 s).
     # Read when OpenBLAS loads, so it is set before _setup imports anything.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    _setup()
+    _setup(device)
     import json
 
     import inference
