@@ -56,9 +56,10 @@ def _release_compiled_programs():
 
     import jax
 
-    from inference import loop, nuts, trees
+    from inference import loop, nuts, svi, trees
 
-    for cached in (loop._vmapped_init, loop._optimiser_chunk, loop._sampler_chunk, nuts._sampler, nuts._site_mapper):
+    for cached in (loop._vmapped_init, loop._optimiser_chunk, loop._sampler_chunk, nuts._sampler, nuts._site_mapper,
+                   svi._programs):
         cached.cache_clear()
     trees.clear_log_density_programs()
     gc.collect()
