@@ -16,7 +16,9 @@ and per-cluster sums, so an agent can run it on its own pairs and a server on su
 * ``relabel``/``match_labels``: Hungarian matching of labels to a reference;
 * ``cluster_posteriors``: Theorem 2's per-cluster posterior (m_k, H_k) for given labels;
 * ``Hyper`` / ``make_hyper``: the static hyperparameters every kernel closes over;
-* ``draw_conditionals``: w and theta from their conditionals given the labels (Gibbs, FedHLCR draws).
+* ``draw_conditionals``: w and theta from their conditionals given the labels (Gibbs, FedHLCR draws);
+* ``SamplerKernel`` / ``run_label_chains``: the (init, step, collect) triple of both Gibbs kernels and the
+  one call that runs their chains through ``inference.loop.sample_chains``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from inference.loop import sample_chains
 from zoo.hlcr import LOG_2PI, resolve_hyper
 
 TINY_LOG = float(np.log(np.finfo(np.float64).tiny))
@@ -314,3 +317,25 @@ def draw_conditionals(key, D, c, n_agent, log_psi, beta):
     w = mean + jax.scipy.linalg.solve_triangular(jnp.swapaxes(L, -1, -2), eps[..., None], lower=False)[..., 0]
     log_theta = sample_log_dirichlet(k_theta, beta * jnp.exp(log_psi) + n_agent)
     return w, jnp.exp(log_theta)
+
+
+class SamplerKernel(NamedTuple):
+    """A Gibbs kernel in ``inference.loop``'s shape: ``init(key, problem)``, ``step(key, state, problem) ->
+    (state, info)`` and ``collect(key, state, info)`` (the dict kept per sweep: z, w, psi, theta and stats)."""
+
+    init: object
+    step: object
+    collect: object
+
+
+def run_label_chains(kernel: SamplerKernel, problem, key, *, num_warmup: int, num_samples: int, num_chains: int,
+                     thinning: int, init_state, progress, chunk: int, desc: str):
+    """Run ``num_chains`` chains (vectorised) for ``num_warmup`` + ``num_samples * thinning`` sweeps
+    (``inference.loop.sample_chains``). Returns (posterior dict with leading (chain, draw) axes: z, w, psi,
+    theta; stats dict: log_joint_collapsed, n_changed; last state)."""
+    out, state = sample_chains(kernel.init, kernel.step, problem, key, num_chains=num_chains, num_warmup=num_warmup,
+                               num_samples=num_samples, thinning=thinning, collect=kernel.collect, chunk=chunk,
+                               progress=progress, desc=desc, init_state=init_state)
+    posterior = {name: out[name] for name in ("z", "w", "psi", "theta")}
+    stats = {name: out[name] for name in ("log_joint_collapsed", "n_changed")}
+    return posterior, stats, state

@@ -54,6 +54,7 @@ from inference._methods import Draws, FitContext, Option, register_method
 from inference.hlcr.common import (
     Hyper,
     PairData,
+    SamplerKernel,
     antoniak_table_totals,
     cluster_state,
     collapsed_log_joint,
@@ -62,9 +63,9 @@ from inference.hlcr.common import (
     make_hyper,
     pair_data,
     prior_logits,
+    run_label_chains,
     sample_log_dirichlet,
 )
-from inference.loop import sample_chains
 from zoo.hlcr import pair_structure
 
 PRIORS = ("exact", "paper")
@@ -225,14 +226,8 @@ def events_by_pair(X, y, pair, n_pairs) -> Events:
                   jnp.asarray(count, dtype=jnp.int32))
 
 
-class Kernel(NamedTuple):
-    init: object
-    step: object
-    collect: object
-
-
 @functools.lru_cache(maxsize=32)
-def kernel(hyper: Hyper, prior: str = "exact", kernel: str = "block") -> Kernel:
+def kernel(hyper: Hyper, prior: str = "exact", kernel: str = "block") -> SamplerKernel:
     """The Gibbs kernel for one static configuration (built once, so ``inference.loop`` compiles it once)."""
 
     def init(key, problem: Problem) -> State:
@@ -249,26 +244,21 @@ def kernel(hyper: Hyper, prior: str = "exact", kernel: str = "block") -> Kernel:
         return {"z": state.z, "w": w, "psi": jnp.exp(state.log_psi), "theta": theta,
                 "log_joint_collapsed": info.objective, "n_changed": info.n_changed}
 
-    return Kernel(init, step, collect)
+    return SamplerKernel(init, step, collect)
 
 
 def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: int, num_chains: int = 1,
         thinning: int = 1, prior: str = "exact", kernel_name: str = "block", z_init=None, progress=None,
         chunk: int = 100):
-    """Run ``num_chains`` chains (vectorised) for ``num_warmup`` + ``num_samples * thinning`` sweeps
-    (``inference.loop.sample_chains``). Returns (posterior dict with leading (chain, draw) axes: z, w, psi,
-    theta; stats dict; last state)."""
+    """The collapsed chains (``common.run_label_chains``); ``z_init`` (labels per pair) starts every chain."""
     k = kernel(hyper, prior, kernel_name)
     init_state = None
     if z_init is not None:
         z0 = jnp.broadcast_to(jnp.asarray(z_init, dtype=jnp.int32), (num_chains, problem.pdat.gs.shape[0]))
         init_state = jax.vmap(lambda z: state_from_labels(z, problem.pdat, hyper))(z0)
-    out, state = sample_chains(k.init, k.step, problem, key, num_chains=num_chains, num_warmup=num_warmup,
-                               num_samples=num_samples, thinning=thinning, collect=k.collect, chunk=chunk,
-                               progress=progress, desc="hlcr gibbs", init_state=init_state)
-    posterior = {k_: out[k_] for k_ in ("z", "w", "psi", "theta")}
-    stats = {k_: out[k_] for k_ in ("log_joint_collapsed", "n_changed")}
-    return posterior, stats, state
+    return run_label_chains(k, problem, key, num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
+                            thinning=thinning, init_state=init_state, progress=progress, chunk=chunk,
+                            desc="hlcr gibbs")
 
 
 @register_method("gibbs", kind="sampler", models=("hlcr",), options={
@@ -310,5 +300,5 @@ def run_gibbs(ctx: FitContext) -> Draws:
                  attrs={"prior": o["prior"], "kernel": o["kernel"]})
 
 
-__all__ = ["Events", "Info", "Kernel", "Problem", "State", "events_by_pair", "kernel", "log_joint", "run",
+__all__ = ["Events", "Info", "Problem", "State", "events_by_pair", "kernel", "log_joint", "run",
            "state_from_labels", "sweep"]

@@ -54,15 +54,16 @@ import numpy as np
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.hlcr.common import (
     Hyper,
+    SamplerKernel,
     antoniak_table_totals,
     collapsed_log_joint,
     draw_conditionals,
     make_hyper,
     pair_data,
     prior_precision,
+    run_label_chains,
     sample_log_dirichlet,
 )
-from inference.loop import sample_chains
 
 
 class State(NamedTuple):
@@ -160,14 +161,8 @@ def sweep(key, state: State, problem: Problem, hyper: Hyper):
     return State(z, w, log_theta, log_psi), Info(objective, jnp.sum(z != state.z))
 
 
-class Kernel(NamedTuple):
-    init: object
-    step: object
-    collect: object
-
-
 @functools.lru_cache(maxsize=32)
-def kernel(hyper: Hyper) -> Kernel:
+def kernel(hyper: Hyper) -> SamplerKernel:
     """The blocked kernel for one static configuration (built once, so ``inference.loop`` compiles it once)."""
 
     def init(key, problem: Problem) -> State:
@@ -182,14 +177,13 @@ def kernel(hyper: Hyper) -> Kernel:
         return {"z": state.z, "w": state.w, "psi": jnp.exp(state.log_psi), "theta": jnp.exp(state.log_theta),
                 "log_joint_collapsed": info.objective, "n_changed": info.n_changed}
 
-    return Kernel(init, step, collect)
+    return SamplerKernel(init, step, collect)
 
 
 def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: int, num_chains: int = 1,
         thinning: int = 1, z_init=None, progress=None, chunk: int = 100):
-    """Run ``num_chains`` chains (vectorised) for ``num_warmup`` + ``num_samples * thinning`` sweeps
-    (``inference.loop.sample_chains``). Returns (posterior dict with leading (chain, draw) axes: z, w, psi,
-    theta; stats dict; last state)."""
+    """The blocked chains (``common.run_label_chains``); ``z_init`` (labels per pair) starts every chain, its
+    (psi, w, theta) drawn given those labels."""
     k = kernel(hyper)
     k_init, k_run = jax.random.split(key)
     init_state = None
@@ -197,12 +191,9 @@ def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: in
         z0 = jnp.broadcast_to(jnp.asarray(z_init, dtype=jnp.int32), (num_chains, problem.const.shape[0]))
         init_state = jax.jit(jax.vmap(lambda kk, z: state_from_labels(kk, z, problem, hyper)))(
             jax.random.split(k_init, num_chains), z0)
-    out, state = sample_chains(k.init, k.step, problem, k_run, num_chains=num_chains, num_warmup=num_warmup,
-                               num_samples=num_samples, thinning=thinning, collect=k.collect, chunk=chunk,
-                               progress=progress, desc="hlcr gibbs_blocked", init_state=init_state)
-    posterior = {k_: out[k_] for k_ in ("z", "w", "psi", "theta")}
-    stats = {k_: out[k_] for k_ in ("log_joint_collapsed", "n_changed")}
-    return posterior, stats, state
+    return run_label_chains(k, problem, k_run, num_warmup=num_warmup, num_samples=num_samples,
+                            num_chains=num_chains, thinning=thinning, init_state=init_state, progress=progress,
+                            chunk=chunk, desc="hlcr gibbs_blocked")
 
 
 @register_method("gibbs_blocked", kind="sampler", models=("hlcr",), options={
@@ -236,5 +227,5 @@ def run_gibbs_blocked(ctx: FitContext) -> Draws:
                  sample_stats={k: np.asarray(v) for k, v in stats.items()}, attrs={"prior": "exact"})
 
 
-__all__ = ["Info", "Kernel", "Problem", "State", "draw_labels", "kernel", "label_coefficients", "label_statistics",
+__all__ = ["Info", "Problem", "State", "draw_labels", "kernel", "label_coefficients", "label_statistics",
            "problem_from_inputs", "run", "state_from_labels", "sweep"]
