@@ -235,8 +235,10 @@ def test_06_ssgp_input_squeezed_by_its_rescaling_is_rejected_naming_the_column_a
 
 # 7 ------------------------------------------------------------------------------------------------
 
+# The papers' priors fail SVI at the initial point (measured: NonFiniteError at 100 and at 300 steps alike), so
+# 100 steps keep the test's power; each mppca Adam step costs ~70 ms at the tests' XLA optimisation level 0.
 FAST = {"nuts": dict(num_warmup=30, num_samples=10, num_chains=1, max_tree_depth=4),
-        "svi": dict(num_steps=300, num_samples=10)}
+        "svi": dict(num_steps=100, num_samples=10)}
 
 
 @pytest.mark.parametrize("method", ["nuts", "svi"])
