@@ -10,6 +10,7 @@ mppca on digits are ``slow`` (make test-all): their kernels' compile alone takes
 import socket
 
 import numpy as np
+import pandas as pd
 import pytest
 from sklearn.decomposition import PCA
 from sklearn.metrics import adjusted_rand_score
@@ -411,6 +412,17 @@ def test_real_data_sections_go_through_compare_with_the_stored_reference_and_run
     result = diagnostics.compare("toy_real", {"y": data["y"]}, ["exact"], hyper={"tau0": 1.5}, out=tmp_path / "own",
                                  cache_dir=tmp_path / "cache", progress=False, log=lambda line: None)
     assert result.reference.stored == "real_toy" and result.verdicts == {"exact": "PASS"}
+    assert not (tmp_path / "cache").exists()
+    # and the command line says which reference served: the stored one, not "the cache"
+    from typer.testing import CliRunner
+
+    from zoo_cli import app
+    pd.DataFrame({"y": data["y"]}).to_csv(tmp_path / "toy.csv", index=False)
+    cli = CliRunner().invoke(app, ["compare", "toy_real", "--data", str(tmp_path / "toy.csv"), "--methods", "exact",
+                                   "--set", "tau0=1.5", "--out", str(tmp_path / "cli"), "--cache-dir",
+                                   str(tmp_path / "cache")])
+    assert cli.exit_code == 0, cli.output
+    assert "reference: the stored reference 'real_toy' (healthy)" in cli.output and "cache" not in cli.output
     assert not (tmp_path / "cache").exists()
 
 

@@ -287,8 +287,9 @@ def compare(
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         ref = result.reference
-        typer.echo(f"reference: {'reused from the cache' if ref.reused else f'made in {ref.seconds:.0f} s'} "
-                   f"({'healthy' if ref.healthy else 'NOT healthy'}) in {ref.folder}")
+        source = (f"the stored reference {ref.stored!r}" if ref.stored else "reused from the cache" if ref.reused
+                  else f"made in {ref.seconds:.0f} s")
+        typer.echo(f"reference: {source} ({'healthy' if ref.healthy else 'NOT healthy'}) in {ref.folder}")
         typer.echo(f"comparison written to {result.page} ({result.seconds['total']:.0f} s)")
         return
     if column or dropna or set_ or reference or cache_dir or fresh_reference:
