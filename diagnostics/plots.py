@@ -263,6 +263,10 @@ def plot_sensitivity(tree: xr.DataTree | ComparedView, path: str | os.PathLike |
     data = _analysis_tree(tree)
     post = _positional(data["posterior"].to_dataset())
     names = [k for k in (var_names or post.data_vars) if np.issubdtype(post[k].dtype, np.floating)]
+    post, constant = _varying_entries(post[names])
+    names = [k for k in names if k in post.data_vars]
+    if not names:
+        return None
     # smallest variables first: the scalar hyperparameters are where prior sensitivity matters most
     names = sorted(names, key=lambda k: _n_scalars(post[k]))
     chosen, count = [], 0
@@ -294,5 +298,29 @@ def plot_sensitivity(tree: xr.DataTree | ComparedView, path: str | os.PathLike |
     rows = min(count, max_panels)
     pc = azp.plot_psense_dist(data, var_names=chosen, prior_var_names=list(prior_sites) if prior_sites else None,
                               figure_kwargs={"figsize": (10, 0.8 + 2.5 * rows)})
+    if constant:
+        pc.viz["figure"].item().text(0.5, 0.0, "not drawn, every draw equal (no density to scale): "
+                                     + ", ".join(constant[:12]) + (" ..." if len(constant) > 12 else ""),
+                                     ha="center", va="top", fontsize=8)
     _save(pc, path)
     return pc
+
+
+def _varying_entries(post: xr.Dataset) -> tuple[xr.Dataset, list[str]]:
+    """``post`` without the quantities whose draws are all equal (up to 1e-12 of their size; e.g. a GP-ALPS
+    switch the data pin at p_on = 1): they have no density, and their power-scaled panels drew nothing but
+    density warnings. A variable with one non-sample dim keeps its varying entries; one with more dims, or a
+    scalar, goes when any entry is constant. Returns (the rest, labels of what went)."""
+    keep, gone = {}, []
+    for k, da in post.data_vars.items():
+        dims = [d for d in da.dims if d not in ("chain", "draw")]
+        v = da.transpose("chain", "draw", *dims).values.reshape(da.sizes["chain"] * da.sizes["draw"], -1)
+        constant = np.ptp(v, axis=0) <= 1e-12 * np.maximum(1.0, np.abs(v).max(axis=0))
+        if not constant.any():
+            keep[k] = da
+        elif len(dims) == 1 and not constant.all():
+            keep[k] = da.isel({dims[0]: np.flatnonzero(~constant)})
+            gone += [f"{k}[{i}]" for i in np.flatnonzero(constant)]
+        else:
+            gone.append(k if not dims else f"{k}[{', '.join(':' for _ in dims)}]")
+    return xr.Dataset(keep, attrs=post.attrs), gone

@@ -139,3 +139,24 @@ def test_sensitivity_plot_is_a_png(conflict_tree, tmp_path):
     path = tmp_path / "psense.png"
     diagnostics.plots.plot_sensitivity(conflict_tree, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sensitivity_plot_leaves_out_quantities_whose_draws_are_all_equal(conflict_tree, tmp_path):
+    # a GP-ALPS switch the data pin at p_on = 1 has no density: its panel drew nothing but density warnings
+    import warnings
+
+    tree = conflict_tree.copy()
+    post = tree["posterior"].to_dataset()
+    pinned = np.random.default_rng(0).uniform(size=(post.sizes["chain"], post.sizes["draw"], 3))
+    pinned[..., 1] = 1.0
+    tree["posterior"] = xr.DataTree(post.assign(pinned=(("chain", "draw", "switch"), pinned)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pc = diagnostics.plots.plot_sensitivity(tree, tmp_path / "psense.png")
+    messages = [str(w.message) for w in caught]
+    assert not any("single value" in m or "bins" in m for m in messages), messages
+    notes = [t.get_text() for t in pc.viz["figure"].item().texts]
+    assert any(n.endswith("(no density to scale): pinned[1]") for n in notes), notes
+    pinned_panels = {ax.get_title() for ax in pc.viz["figure"].item().axes if ax.get_title().startswith("pinned")}
+    assert pinned_panels == {f"pinned\n{i}, {side}" for i in (0, 2) for side in ("prior", "likelihood")}
+    assert (tmp_path / "psense.png").is_file()
