@@ -67,3 +67,25 @@ def _release_compiled_programs():
     if rss is None or rss > RSS_LIMIT_BYTES:
         jax.clear_caches()
         gc.collect()
+
+
+_SESSION_WATCH = None
+
+
+def pytest_sessionstart(session):
+    """Time JAX's tracing, lowering and XLA compilation over the whole run (``inference._timing.Stopwatch``), so
+    the summary can say how much of the suite is compilation."""
+    global _SESSION_WATCH
+    from inference._timing import Stopwatch
+
+    _SESSION_WATCH = Stopwatch().__enter__()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _SESSION_WATCH is None:
+        return
+    _SESSION_WATCH.__exit__(None, None, None)
+    wall, compiled = _SESSION_WATCH.wall_seconds, _SESSION_WATCH.compile_seconds
+    terminalreporter.write_line(f"JAX tracing + lowering + XLA compilation: {compiled:.0f} s of {wall:.0f} s wall "
+                                f"({100 * compiled / max(wall, 1e-9):.0f} %), {_SESSION_WATCH.compile_events} spans "
+                                f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})")
