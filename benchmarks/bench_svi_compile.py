@@ -14,12 +14,9 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.harness import REPO, checkout_at, run_child
+
 BASE = os.environ.get("BENCH_SVI_BASE", "0a3db0c")
 
 CHILD = """
@@ -37,40 +34,18 @@ print(json.dumps({"compile": [t.attrs["compile_seconds"] for t in fits],
 """
 
 
-def checkout(commit: str) -> Path:
-    """``commit``'s tree in ``build/svi_compile_base`` (extracted once)."""
-    target = REPO / "build" / "svi_compile_base"
-    if (target / ".commit").is_file() and (target / ".commit").read_text() == commit:
-        return target
-    target.mkdir(parents=True, exist_ok=True)
-    tar = subprocess.run(["git", "-C", str(REPO), "archive", commit], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(target)], input=tar, check=True)
-    (target / ".commit").write_text(commit)
-    return target
-
-
-def three_fits(tree: Path, model: str) -> dict:
-    with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "PYTHONPATH": str(tree), "BAYES_ZOO_JAX_CACHE": cache, "MPLBACKEND": "Agg"}
-        done = subprocess.run([sys.executable, "-c", CHILD, model], cwd=tree, env=env, capture_output=True,
-                              text=True, timeout=3600)
-    if done.returncode:
-        return {"error": (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def main(h) -> None:
     import zoo
 
     repeats = int(os.environ.get("BENCH_SVI_REPEATS", "1"))
     only = [m for m in os.environ.get("BENCH_SVI_ONLY", "").split(",") if m]
-    sides = {"before": checkout(BASE), "after": REPO}
+    sides = {"before": checkout_at(BASE, "svi_compile_base"), "after": REPO}
     rows, totals = [], {side: [0.0, 0.0] for side in sides}
     for model in only or zoo.list_models():
         runs = {side: [] for side in sides}
         for _ in range(repeats):
             for side, tree in sides.items():
-                runs[side].append(three_fits(tree, model))
+                runs[side].append(run_child(tree, CHILD, model))
         failed = {side: r["error"] for side, rs in runs.items() for r in rs if "error" in r}
         if failed:
             rows.append({"model": model, "error": json.dumps(failed)[:300]})

@@ -8,7 +8,9 @@ Each ``benchmarks/bench_<name>.py`` defines ``main(h: Harness)`` and calls
   time is kept; the table shows each side's compile seconds, median run seconds, throughput
   (``work`` per second, if given) and the ratio to the baseline;
 * ``h.table(title, rows, note=...)`` for results that are not timings (accuracy beside speed,
-  scaling slopes, ...).
+  scaling slopes, ...);
+* ``checkout_at(commit, folder)`` and ``run_child(tree, code, *args)``: an older commit's tree and a fresh
+  Python process on a tree with its own empty compilation cache, for before/after comparisons of the code.
 
 ``python -m benchmarks [name ...]`` prints every table as it is produced and writes them, with a
 description of the machine, to ``benchmarks/results.md`` (atomically, after each benchmark); the
@@ -18,9 +20,12 @@ sections of benchmarks not run this time are kept.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +37,33 @@ import jax
 from inference._timing import Stopwatch
 
 RESULTS = Path(__file__).resolve().parent / "results.md"
+REPO = RESULTS.parent.parent
+
+
+def checkout_at(commit: str, folder: str) -> Path:
+    """``commit``'s tree extracted (``git archive``) into ``build/<folder>/``, once per commit."""
+    target = REPO / "build" / folder
+    stamp = target / ".commit"
+    if stamp.is_file() and stamp.read_text() == commit:
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    tar = subprocess.run(["git", "-C", str(REPO), "archive", commit], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(target)], input=tar, check=True)
+    stamp.write_text(commit)
+    return target
+
+
+def run_child(tree: Path, code: str, *args: str, timeout: float = 3600) -> dict:
+    """Run ``code`` in a fresh Python process with ``tree`` first on ``sys.path`` and an empty JAX compilation
+    cache of its own; its last line of output is JSON, returned as a dict (``{"error": last line of stderr}`` if
+    it failed)."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "PYTHONPATH": str(tree), "BAYES_ZOO_JAX_CACHE": cache, "MPLBACKEND": "Agg"}
+        done = subprocess.run([sys.executable, "-c", code, *args], cwd=tree, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+    if done.returncode:
+        return {"error": (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _block(x: Any) -> Any:
