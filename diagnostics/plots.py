@@ -307,19 +307,22 @@ def plot_sensitivity(tree: xr.DataTree | ComparedView, path: str | os.PathLike |
 
 
 def _varying_entries(post: xr.Dataset) -> tuple[xr.Dataset, list[str]]:
-    """``post`` without the quantities whose draws are all equal (up to 1e-12 of their size; e.g. a GP-ALPS
-    switch the data pin at p_on = 1): they have no density, and their power-scaled panels drew nothing but
+    """``post`` without the quantities whose draws are all equal (their range within 1e-8 of their size, the
+    reference floor of ``_split_point_masses``; e.g. a GP-ALPS switch the data pin at p_on = 1 - 1e-10): they have
+    no density, and their power-scaled panels drew nothing but
     density warnings. A variable with one non-sample dim keeps its varying entries; one with more dims, or a
     scalar, goes when any entry is constant. Returns (the rest, labels of what went)."""
     keep, gone = {}, []
     for k, da in post.data_vars.items():
         dims = [d for d in da.dims if d not in ("chain", "draw")]
         v = da.transpose("chain", "draw", *dims).values.reshape(da.sizes["chain"] * da.sizes["draw"], -1)
-        constant = np.ptp(v, axis=0) <= 1e-12 * np.maximum(1.0, np.abs(v).max(axis=0))
+        constant = np.ptp(v, axis=0) <= 1e-8 * np.maximum(1.0, np.abs(v).max(axis=0))
         if not constant.any():
             keep[k] = da
         elif len(dims) == 1 and not constant.all():
-            keep[k] = da.isel({dims[0]: np.flatnonzero(~constant)})
+            # a dim of its own: on a dim shared with another variable, Dataset alignment would put the
+            # dropped entries back as NaN (empty panels)
+            keep[k] = da.isel({dims[0]: np.flatnonzero(~constant)}).rename({dims[0]: f"{k}_{dims[0]}"})
             gone += [f"{k}[{i}]" for i in np.flatnonzero(constant)]
         else:
             gone.append(k if not dims else f"{k}[{', '.join(':' for _ in dims)}]")

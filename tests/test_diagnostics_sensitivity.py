@@ -148,8 +148,10 @@ def test_sensitivity_plot_leaves_out_quantities_whose_draws_are_all_equal(confli
     tree = conflict_tree.copy()
     post = tree["posterior"].to_dataset()
     pinned = np.random.default_rng(0).uniform(size=(post.sizes["chain"], post.sizes["draw"], 3))
-    pinned[..., 1] = 1.0
-    tree["posterior"] = xr.DataTree(post.assign(pinned=(("chain", "draw", "switch"), pinned)))
+    pinned[..., 1] = 1.0 - 1e-10 * pinned[..., 0]          # the gp_alps real-data p_on[1]: 1 - O(1e-10)
+    other = np.random.default_rng(1).normal(size=pinned.shape)     # shares the dim: alignment must not refill it
+    tree["posterior"] = xr.DataTree(post.assign(pinned=(("chain", "draw", "switch"), pinned),
+                                                loading=(("chain", "draw", "switch"), other)))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         pc = diagnostics.plots.plot_sensitivity(tree, tmp_path / "psense.png")
@@ -159,4 +161,6 @@ def test_sensitivity_plot_leaves_out_quantities_whose_draws_are_all_equal(confli
     assert any(n.endswith("(no density to scale): pinned[1]") for n in notes), notes
     pinned_panels = {ax.get_title() for ax in pc.viz["figure"].item().axes if ax.get_title().startswith("pinned")}
     assert pinned_panels == {f"pinned\n{i}, {side}" for i in (0, 2) for side in ("prior", "likelihood")}
+    for ax in pc.viz["figure"].item().axes:                        # every panel drawn has a curve
+        assert any(len(line.get_xdata()) > 1 for line in ax.get_lines()), ax.get_title()
     assert (tmp_path / "psense.png").is_file()
