@@ -9,7 +9,11 @@ JAX compilation cache (``harness.run_child``), sides interleaved. Reported: the 
 log densities), the rest of its wall time, and the compile share; totals over the
 pairs both sides have. A cold process per fit is the worst case: ``make demo`` runs all of a model's fits in one
 process, where programs shared between fits (log densities of the tree build, NUTS set-up) compile once.
-``BENCH_COMPILE_ONLY`` (``model/method``, comma-separated) limits the pairs.
+``BENCH_COMPILE_ONLY`` (``model/method``, comma-separated) limits the pairs. ``BENCH_COMPILE_SAMPLER_CAP`` = n
+(default 0: off) runs samplers for at most n warm-up and n kept iterations: their programs do not depend on the
+number of iterations (NUTS compiles one step; Gibbs one chunk of at most 100 sweeps), so the compile seconds
+are the demo's while ssgp_logit/probit's NUTS (500 + 1500 deep-tree iterations, minutes each) is spared; the
+run and share columns of capped rows are then those of the shortened runs (marked).
 """
 
 from __future__ import annotations
@@ -24,12 +28,18 @@ CHILD = """
 import json, sys
 import zoo, inference
 from inference._timing import Stopwatch
+from inference._methods import get_method
 model, method = sys.argv[1], sys.argv[2]
 spec = zoo.get(model)
 data = spec.default_data()[0]
+options = dict(spec.demo_options.get(method, {}))
+cap = int(sys.argv[3])
+if cap and get_method(spec, method).kind == "sampler":
+    options.update(num_warmup=min(options.get("num_warmup", cap), cap), num_samples=min(options.get("num_samples", cap), cap))
 with Stopwatch() as watch:
-    tree = inference.fit(model, data, method, seed=0, progress=False, **dict(spec.demo_options.get(method, {})))
-print(json.dumps({"compile": watch.compile_seconds, "run": watch.run_seconds}))
+    tree = inference.fit(model, data, method, seed=0, progress=False, **options)
+print(json.dumps({"compile": watch.compile_seconds, "run": watch.run_seconds, "capped": bool(cap) and
+                  get_method(spec, method).kind == "sampler"}))
 """
 
 
@@ -38,13 +48,15 @@ def main(h) -> None:
     import zoo
 
     only = [p for p in os.environ.get("BENCH_COMPILE_ONLY", "").split(",") if p]
+    cap = int(os.environ.get("BENCH_COMPILE_SAMPLER_CAP", "0"))
     sides = {"before": checkout_at(BASE, "compile_base"), "after": REPO}
     pairs = [(m, k) for m in zoo.list_models() for k in inference.methods_for(m)
              if not only or f"{m}/{k}" in only]
     rows, totals = [], {side: {"compile": 0.0, "run": 0.0} for side in sides}
     for model, method in pairs:
-        got = {side: run_child(tree, CHILD, model, method) for side, tree in sides.items()}
-        row = {"model/method": f"{model}/{method}"}
+        got = {side: run_child(tree, CHILD, model, method, str(cap)) for side, tree in sides.items()}
+        capped = any(r.get("capped") for r in got.values())
+        row = {"model/method": f"{model}/{method}" + (f" (samples capped at {cap})" if capped else "")}
         for side, r in got.items():
             row[f"compile {side} (s)"] = "error" if "error" in r else f"{r['compile']:.1f}"
             row[f"run {side} (s)"] = "error" if "error" in r else f"{r['run']:.1f}"
