@@ -58,7 +58,8 @@ def _release_compiled_programs():
 
     from inference import loop, nuts, svi, trees
 
-    for cached in (loop._vmapped_init, loop._optimiser_chunk, loop._sampler_chunk, nuts._sampler, nuts._site_mapper,
+    for cached in (loop._optimiser_start, loop._optimiser_chunk, loop._sampler_start,
+                   loop._sampler_chunk, nuts._sampler, nuts._site_mapper,
                    svi._programs):
         cached.cache_clear()
     trees.clear_log_density_programs()
