@@ -10,7 +10,8 @@ empty JAX compilation cache so compile times compare. In each subprocess the fit
 Reported: medians over ``BENCH_REDESIGN_REPEATS`` (default 3) subprocesses per side, and the ratio after /
 before (> 1: the redesign is slower).
 
-Both sides run with ``JAX_CPU_ENABLE_ASYNC_DISPATCH=false``: with asynchronous dispatch a computation still
+Both sides run with ``jax_cpu_enable_async_dispatch`` off (set in the subprocess; a JAX flag, not read from
+the environment): with asynchronous dispatch a computation still
 running while the same fit traces or compiles something else (a ``jax.jit`` of a fresh closure, compiled again in
 every fit) is hidden inside the compile seconds that ``Stopwatch`` subtracts, so a side that recompiles in its
 second fit looked faster than it runs. ``recompile``: the second fit's compile seconds (0 when every program of
@@ -36,6 +37,8 @@ PAIRS = [("hlcr", "gibbs"), ("hlcr", "vbem"), ("hlcr", "fedgibbs"), ("hlcr", "fe
 
 CHILD = """
 import json, sys
+import jax
+jax.config.update("jax_cpu_enable_async_dispatch", False)   # before the first computation creates the client
 import zoo, inference
 model, method = sys.argv[1], sys.argv[2]
 spec = zoo.get(model)
@@ -62,8 +65,7 @@ def base_checkout() -> Path:
 
 def one(checkout: Path, model: str, method: str) -> dict:
     with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "PYTHONPATH": str(checkout), "BAYES_ZOO_JAX_CACHE": cache, "MPLBACKEND": "Agg",
-               "JAX_CPU_ENABLE_ASYNC_DISPATCH": "false"}
+        env = {**os.environ, "PYTHONPATH": str(checkout), "BAYES_ZOO_JAX_CACHE": cache, "MPLBACKEND": "Agg"}
         out = subprocess.run([sys.executable, "-c", CHILD, model, method], cwd=checkout, env=env,
                              capture_output=True, text=True, timeout=3600)
     if out.returncode != 0:
