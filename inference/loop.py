@@ -15,12 +15,16 @@ same shapes share one compiled program and the persistent compilation cache.
 This module runs them:
 
 * ``run_until_converged``: optimisation kernels (VB, EM, ADMM), one stopping rule API (``StopRule``),
-  restarts vectorised with ``vmap`` (the best final objective wins), chunks of ``chunk`` jit-compiled
-  steps with a progress bar between chunks; a run that has converged is frozen while the others go on,
-  so the result equals a ``while_loop`` per restart; steps after every restart has stopped are skipped.
+  restarts vectorised with ``vmap`` (the best final objective wins; one restart runs without ``vmap``),
+  compiled chunks of at most ``chunk`` steps, each a ``while_loop`` that ends when every restart has stopped,
+  with a progress bar between chunks (no bar: one chunk for the whole run); a run that has converged is
+  frozen while the others go on, so the result equals a ``while_loop`` per restart.
   ``Info.may_stop`` (optional boolean field) vetoes the stopping rule at a step.
 * ``sample_chains``: Markov kernels (Gibbs), ``num_chains`` chains vectorised, ``num_warmup`` steps
-  dropped, every ``thinning``-th of the next ``num_samples * thinning`` steps kept.
+  dropped, every ``thinning``-th of the next ``num_samples * thinning`` steps kept (selected on the host).
+
+Host round trips and dispatches are few on purpose (issue 17): every chunk costs one call and one transfer, the
+start (key splitting and ``init``) is one compiled call, and nothing is indexed on the device per chunk.
 """
 
 from __future__ import annotations
