@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import sys
 import zlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -62,6 +63,9 @@ def _release_compiled_programs():
                    loop._sampler_chunk, nuts._sampler, nuts._site_mapper,
                    svi._programs):
         cached.cache_clear()
+    for module, name in (("inference.gp_alps.svi", "_posterior_program"), ("inference.hlcr.federated", "_init_program")):
+        if module in sys.modules:   # only where loaded (importing registers methods)
+            getattr(sys.modules[module], name).cache_clear()
     trees.clear_log_density_programs()
     gc.collect()
     rss = resident_bytes()
