@@ -116,19 +116,27 @@ def run_until_converged(init: Kernel, step: Kernel, problem: Any, key: jax.Array
     """
     if num_restarts < 1:
         raise ValueError(f"num_restarts: expected a positive integer, got {num_restarts!r}")
-    if init_state is None:
-        keys, init_state = _optimiser_start(init, num_restarts)(key, problem)
-    else:
-        keys, init_state = jax.random.split(key, num_restarts), strongly_typed(init_state)
     shown = progress_enabled(progress)
     if chunk is None:
         chunk = max(50, -(-rule.max_iter // 20)) if shown else rule.max_iter
-    chunk_fn = _optimiser_chunk(step, rule, max(1, min(int(chunk), rule.max_iter)), num_restarts == 1)
-    carry = (init_state, *_fresh_flags(num_restarts))
+    chunk = max(1, min(int(chunk), rule.max_iter))
+    chunk_fn = _optimiser_chunk(step, rule, chunk, num_restarts == 1)
+    first_fn = chunk_fn
+    if init_state is None and chunk == rule.max_iter:   # one chunk: start and run in one program (one compile)
+        first_fn = _optimiser_start_and_run(init, step, rule, chunk, num_restarts)
+        keys = key
+    elif init_state is None:
+        keys, init_state = _optimiser_start(init, num_restarts)(key, problem)
+    else:
+        keys, init_state = jax.random.split(key, num_restarts), strongly_typed(init_state)
+    carry = None if init_state is None else (init_state, *_fresh_flags(num_restarts))
     infos, taken = [], 0
     bar = tqdm(total=rule.max_iter, desc=desc, disable=not shown, leave=False)
     while taken < rule.max_iter:
-        carry, info = chunk_fn(carry, keys, problem)
+        if taken == 0 and first_fn is not chunk_fn:
+            keys, carry, info = first_fn(key, problem)
+        else:
+            carry, info = chunk_fn(carry, keys, problem)
         info, done = jax.device_get((info, carry[2]))
         infos.append(info)
         rows = jax.tree.leaves(info)[0].shape[0]
@@ -152,7 +160,13 @@ INFO_BUFFER_BYTES = 64 * 2**20   # the most a default chunk's per-step Info buff
 
 @functools.lru_cache(maxsize=64)
 def _fresh_flags(num_restarts: int):
-    """(objective, done, converged, steps) before the first step, per restart (immutable, made once)."""
+    """``_flags`` on the host, made once (immutable arrays; never call this inside a trace: it would cache
+    tracers)."""
+    return _flags(num_restarts)
+
+
+def _flags(num_restarts: int):
+    """(objective, done, converged, steps) before the first step, per restart."""
     return (jnp.full(num_restarts, -jnp.inf, dtype=float), jnp.zeros(num_restarts, bool),
             jnp.zeros(num_restarts, bool), jnp.zeros(num_restarts, jnp.int32))
 
@@ -190,6 +204,21 @@ def _one_restart_step(step: Kernel, rule: StopRule):
         return (state, f, done | stop, conv, it), info
 
     return one
+
+
+@functools.lru_cache(maxsize=64)
+def _optimiser_start_and_run(init: Kernel, step: Kernel, rule: StopRule, chunk: int, num_restarts: int):
+    """``_optimiser_start`` then the first chunk (``_optimiser_chunk``), one compiled program: (keys, carry,
+    Info buffer). Used when one chunk may cover the run (no progress bar): a separate start program cost a
+    compilation of ``init`` of its own (gp_alps svi_concrete: 1.3 s of 10)."""
+    start = _optimiser_start(init, num_restarts).__wrapped__
+    run_chunk = _optimiser_chunk(step, rule, chunk, num_restarts == 1).__wrapped__
+
+    def start_and_run(key, problem):
+        keys, state = start(key, problem)
+        return keys, *run_chunk((state, *_flags(num_restarts)), keys, problem)
+
+    return jax.jit(start_and_run)
 
 
 @functools.lru_cache(maxsize=64)

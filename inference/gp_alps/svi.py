@@ -227,8 +227,8 @@ def run_svi_concrete(ctx: FitContext) -> Draws:
     state, elbo, temps = fit_state(k_fit, kw, o["num_steps"], o["learning_rate"], o["num_particles"], o["schedule"],
                                    o["progress"])
     learn = kw["sigma2"] is None
-    params, draws, log_q, rho = jax.device_get(_posterior_program(float(o["learning_rate"]), int(o["num_particles"]), learn,
-                                                             int(o["num_samples"]))(state, k_draw))
+    posterior = _posterior_program(float(o["learning_rate"]), int(o["num_particles"]), learn, int(o["num_samples"]))
+    params, draws, log_q, rho = jax.device_get(posterior(state, k_draw))
     return Draws(posterior={k: np.asarray(v)[None] for k, v in draws.items()},
                  sample_stats={"log_q": np.asarray(log_q)[None]},
                  traces={"elbo_relaxed": np.asarray(elbo), "temperature": np.asarray(temps)},
