@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import sys
 import zlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -58,9 +59,14 @@ def _release_compiled_programs():
 
     from inference import loop, nuts, svi, trees
 
-    for cached in (loop._vmapped_init, loop._optimiser_chunk, loop._sampler_chunk, nuts._sampler, nuts._site_mapper,
+    for cached in (loop._optimiser_start, loop._optimiser_chunk, loop._optimiser_start_and_run,
+                   loop._sampler_start, loop._sampler_chunk, nuts._sampler, nuts._site_mapper,
                    svi._programs):
         cached.cache_clear()
+    for module, name in (("inference.gp_alps.svi", "_posterior_program"),
+                         ("inference.hlcr.federated", "_init_program")):
+        if module in sys.modules:   # only where loaded (importing registers methods)
+            getattr(sys.modules[module], name).cache_clear()
     trees.clear_log_density_programs()
     gc.collect()
     rss = resident_bytes()

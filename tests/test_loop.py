@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from inference import loop
 from inference.loop import StopRule, run_until_converged, sample_chains
 
 
@@ -146,3 +147,60 @@ def test_sample_chains_targets_the_stationary_law_within_mcse():
     ess = x.size * (1 - rho) / (1 + rho)               # closed form for AR(1)
     assert abs(x.mean()) < 4 / np.sqrt(ess)             # 4 MCSE of the mean (sd 1)
     assert abs(x.var() - 1) < 4 * np.sqrt(2 / ess)      # 4 MCSE of the variance
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_default_chunks_with_and_without_a_progress_bar_match_the_python_loop(progress):
+    """Without a bar the whole ``max_iter`` is one while-loop chunk that stops at convergence; with one, chunks
+    of max(50, max_iter / 20). Both give the oracle's Run (n_iter, converged, trace, state)."""
+    rule = StopRule(max_iter=300, tol=1e-9, kind="absolute")
+    run = run_until_converged(contraction_init, contraction_step, PROBLEM, jax.random.key(5), rule, progress=progress)
+    x0 = float(contraction_init(jax.random.split(jax.random.key(5), 1)[0], PROBLEM).x)
+    x, trace, conv = python_oracle(x0, 3.0, rule)
+    assert run.converged is conv is True and run.n_iter == len(trace)
+    np.testing.assert_allclose(run.info.objective, trace, rtol=1e-12)
+    assert float(run.state.x) == pytest.approx(x, rel=1e-12)
+
+
+def test_info_buffer_cap_splits_the_run_into_chunks_with_the_same_result(monkeypatch):
+    """A per-chunk Info buffer capped at 3 rows (``INFO_BUFFER_BYTES``): the run takes many chunks and gives
+    the same Run as one chunk."""
+    rule = StopRule(max_iter=40, tol=0.0)
+    whole = run_until_converged(contraction_init, contraction_step, PROBLEM, jax.random.key(6), rule, progress=False)
+    loop._optimiser_chunk.cache_clear()
+    monkeypatch.setattr(loop, "INFO_BUFFER_BYTES", 3 * 8)
+    capped = run_until_converged(contraction_init, contraction_step, PROBLEM, jax.random.key(6), rule, progress=False)
+    loop._optimiser_chunk.cache_clear()
+    assert whole.n_iter == capped.n_iter == 40 and not capped.converged
+    np.testing.assert_array_equal(capped.info.objective, whole.info.objective)
+    assert float(capped.state.x) == float(whole.state.x)
+
+
+def test_each_restart_runs_as_it_would_alone():
+    """Restarts are frozen when they stop: every restart of a vmapped run ends where a one-restart run (stepped
+    without vmap) from the same start ends, with the same step count of the best one."""
+    rule = StopRule(max_iter=400, tol=1e-10)
+    starts = jnp.asarray([-1.5, 0.3, 1.7])
+    run = run_until_converged(None, two_basins_step, PROBLEM, jax.random.key(2), rule, num_restarts=3,
+                              init_state=State(starts), chunk=25)
+    alone = [run_until_converged(None, two_basins_step, PROBLEM, jax.random.key(2), rule, chunk=25,
+                                 init_state=State(starts[i:i + 1])) for i in range(3)]
+    np.testing.assert_allclose(run.objective_per_restart, [a.objective for a in alone], rtol=1e-12)
+    best = alone[run.best]
+    assert run.n_iter == best.n_iter and run.converged == best.converged
+    np.testing.assert_allclose(run.info.objective, best.info.objective, rtol=1e-12)
+
+
+@pytest.mark.parametrize(("chunk", "progress"), [(None, False), (None, True), (5, False), (60, False)])
+def test_sample_chains_keeps_exactly_the_documented_steps_for_any_chunking(chunk, progress):
+    """A counter kernel (the state counts its steps): kept draws are the steps num_warmup + thinning * j,
+    j = 1..num_samples, whatever the chunking (chunks that hold only warm-up, some kept steps, or all), and
+    the draws come back as host arrays; the chains' values agree across chunkings (same keys)."""
+    kw = dict(num_chains=2, num_warmup=7, num_samples=9, thinning=3)
+    kept, last = sample_chains(ar1_init, ar1_step, {"rho": jnp.asarray(0.5)}, jax.random.key(8), chunk=chunk,
+                               progress=progress, **kw)
+    assert isinstance(kept[0].t, np.ndarray) and kept[0].t.shape == (2, 9)
+    np.testing.assert_array_equal(kept[0].t, np.broadcast_to(7 + 3 * np.arange(1, 10), (2, 9)))
+    assert np.all(np.asarray(last.t) == 7 + 27)
+    reference, _ = sample_chains(ar1_init, ar1_step, {"rho": jnp.asarray(0.5)}, jax.random.key(8), chunk=1, **kw)
+    np.testing.assert_allclose(kept[0].x, reference[0].x, rtol=1e-12)

@@ -145,13 +145,33 @@ def kernel(learning_rate: float, num_particles: int):
     return functools.partial(init, svi=svi), functools.partial(step, svi=svi)
 
 
-def fit_params(key, kw, num_steps, learning_rate=0.01, num_particles=4, schedule="paper", progress=None):
-    """Adam on the relaxed ELBO with the temperature schedule; returns (params, relaxed ELBO trace, temperatures)."""
+def fit_state(key, kw, num_steps, learning_rate=0.01, num_particles=4, schedule="paper", progress=None):
+    """Adam on the relaxed ELBO with the temperature schedule; returns (final SVI state, relaxed ELBO trace,
+    temperatures) (host arrays for the traces)."""
     k_init, k_step = kernel(float(learning_rate), int(num_particles))
     problem = SVIProblem(kw, jnp.asarray(float(num_steps)), jnp.asarray(schedule == "paper"))
     r = run_until_converged(k_init, k_step, problem, key, StopRule(int(num_steps)), progress=progress,
                             desc="gp_alps svi_concrete")
-    return _svi(float(learning_rate), int(num_particles)).get_params(r.state.svi), r.info.objective, r.info.temperature
+    return r.state.svi, r.info.objective, r.info.temperature
+
+
+def fit_params(key, kw, num_steps, learning_rate=0.01, num_particles=4, schedule="paper", progress=None):
+    """Adam on the relaxed ELBO with the temperature schedule; returns (params, relaxed ELBO trace, temperatures)."""
+    state, elbo, temps = fit_state(key, kw, num_steps, learning_rate, num_particles, schedule, progress)
+    return _svi(float(learning_rate), int(num_particles)).get_params(state), elbo, temps
+
+
+@functools.lru_cache(maxsize=16)
+def _posterior_program(learning_rate: float, num_particles: int, learn: bool, num_samples: int):
+    """SVI state, key -> (guide params (constrained), draws, log q, rho): one compiled call after the fit (not one
+    dispatch per constraint transform and draw; cached, so a second fit compiles nothing)."""
+    svi = _svi(learning_rate, num_particles)
+
+    def posterior(svi_state, key):
+        params = svi.get_params(svi_state)
+        return (params, *sample_q(key, params, learn, num_samples), jax.nn.sigmoid(params["logit_rho"]))
+
+    return jax.jit(posterior)
 
 
 def sample_q(key, params, learn, num_samples):
@@ -204,11 +224,11 @@ def run_svi_concrete(ctx: FitContext) -> Draws:
     o = ctx.options
     kw = _kw(ctx)
     k_fit, k_draw = jax.random.split(ctx.key)
-    params, elbo, temps = fit_params(k_fit, kw, o["num_steps"], o["learning_rate"], o["num_particles"],
-                                     o["schedule"], o["progress"])
+    state, elbo, temps = fit_state(k_fit, kw, o["num_steps"], o["learning_rate"], o["num_particles"], o["schedule"],
+                                   o["progress"])
     learn = kw["sigma2"] is None
-    draws, log_q = jax.jit(lambda k: sample_q(k, params, learn, o["num_samples"]))(k_draw)
-    rho = np.asarray(jax.nn.sigmoid(params["logit_rho"]))
+    posterior = _posterior_program(float(o["learning_rate"]), int(o["num_particles"]), learn, int(o["num_samples"]))
+    params, draws, log_q, rho = jax.device_get(posterior(state, k_draw))
     return Draws(posterior={k: np.asarray(v)[None] for k, v in draws.items()},
                  sample_stats={"log_q": np.asarray(log_q)[None]},
                  traces={"elbo_relaxed": np.asarray(elbo), "temperature": np.asarray(temps)},

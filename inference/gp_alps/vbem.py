@@ -255,6 +255,13 @@ def draw(key, state: State, num_samples, learn):
     return out, log_q
 
 
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _draw_program(key, state: State, num_samples, learn):
+    """``draw`` and rho = sigmoid(logit_rho) in one compiled call, the state an argument (a ``jax.jit`` of a
+    closure over it compiled again in every fit)."""
+    return (*draw(key, state, num_samples, learn), jax.nn.sigmoid(state.logit_rho))
+
+
 def q_dataset(state: State, learn) -> xr.Dataset:
     """Group ``variational``: every parameter of q, so that ``log_q`` and the ELBO can be recomputed from the
     tree: mu (latent, rank), Sigma (latent, rank, rank_bis) of q(u_j); mH, sH (output, latent) of q(H_ij);
@@ -284,8 +291,7 @@ def run_vbem(ctx: FitContext) -> Draws:
     k_init, k_draw = jax.random.split(ctx.key)
     r = run(k_init, pb, learn, o["max_iter"], o["tol"], o["init_logit_rho"], o["num_restarts"], progress=o["progress"])
     state = r.state
-    draws, log_q = jax.jit(lambda k: draw(k, state, o["num_samples"], learn))(k_draw)
-    rho = np.asarray(jax.nn.sigmoid(state.logit_rho))
+    draws, log_q, rho = jax.device_get(_draw_program(k_draw, state, int(o["num_samples"]), bool(learn)))
     return Draws(posterior={k: np.asarray(v)[None] for k, v in draws.items()},
                  sample_stats={"log_q": np.asarray(log_q)[None]},
                  traces={"elbo": np.asarray(r.info.objective), "rho": np.asarray(r.info.rho)},

@@ -17,6 +17,7 @@ after another (actors are processes, they cannot be vectorised).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -247,6 +248,12 @@ def message_nbytes(protocol: Protocol, shards) -> int:
     return tree_nbytes(jax.eval_shape(protocol.init, one, jax.random.key(0))[1])
 
 
+@functools.lru_cache(maxsize=32)
+def _init_program(init):
+    """Every restart's ``init``, compiled once per kernel (kernels are cached per configuration), not per fit."""
+    return jax.jit(jax.vmap(init, in_axes=(0, None)))
+
+
 def run_protocol(kernel: Kernel, shards, key, *, max_iter: int, num_restarts: int = 1, chunk: int = 50,
                  progress=None, server_key=None, seed_server=None,
                  restart_keys=None) -> tuple[RunResult, np.ndarray]:
@@ -258,7 +265,7 @@ def run_protocol(kernel: Kernel, shards, key, *, max_iter: int, num_restarts: in
     if restart_keys is None:
         restart_keys = key[None] if num_restarts == 1 else jax.random.split(key, num_restarts)
     num_restarts = int(restart_keys.shape[0])
-    state = jax.jit(jax.vmap(kernel.init, in_axes=(0, None)))(restart_keys, shards)
+    state = _init_program(kernel.init)(restart_keys, shards)
     if server_key is not None:
         server = seed_server(state.carry.server, jnp.broadcast_to(server_key, (num_restarts,)))
         state = state._replace(carry=state.carry._replace(server=server))
