@@ -23,12 +23,9 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.harness import REPO, checkout_at, run_child
+
 BASE = os.environ.get("BENCH_REDESIGN_BASE", "7f24ee8")
 PAIRS = [("hlcr", "gibbs"), ("hlcr", "vbem"), ("hlcr", "fedgibbs"), ("hlcr", "fedvb"), ("mppca", "vbem"),
          ("mppca", "em"), ("bpca", "vbem"), ("bpca", "badmm"), ("bpca", "dppca"), ("ssgp_lmm", "vb"),
@@ -51,32 +48,10 @@ print(json.dumps({"compile": first.attrs["compile_seconds"], "first_run": first.
 """
 
 
-def base_checkout() -> Path:
-    target = REPO / "build" / "redesign_base"
-    stamp = target / ".commit"
-    if stamp.is_file() and stamp.read_text() == BASE:
-        return target
-    target.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", BASE], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
-    stamp.write_text(BASE)
-    return target
-
-
-def one(checkout: Path, model: str, method: str) -> dict:
-    with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "PYTHONPATH": str(checkout), "BAYES_ZOO_JAX_CACHE": cache, "MPLBACKEND": "Agg"}
-        out = subprocess.run([sys.executable, "-c", CHILD, model, method], cwd=checkout, env=env,
-                             capture_output=True, text=True, timeout=3600)
-    if out.returncode != 0:
-        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"rc {out.returncode}"}
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main(h) -> None:
     repeats = int(os.environ.get("BENCH_REDESIGN_REPEATS", "3"))
     only = [p for p in os.environ.get("BENCH_REDESIGN_ONLY", "").split(",") if p]
-    sides = {"before": base_checkout(), "after": REPO}
+    sides = {"before": checkout_at(BASE, "redesign_base"), "after": REPO}
     rows = []
     for model, method in PAIRS:
         if only and f"{model}/{method}" not in only:
@@ -84,7 +59,7 @@ def main(h) -> None:
         runs = {side: [] for side in sides}
         for _ in range(repeats):
             for side, checkout in sides.items():
-                runs[side].append(one(checkout, model, method))
+                runs[side].append(run_child(checkout, CHILD, model, method))
         errors = {side: r["error"] for side, rs in runs.items() for r in rs if "error" in r}
         if errors:
             rows.append({"model/method": f"{model}/{method}", "error": json.dumps(errors)[:200]})
