@@ -334,10 +334,17 @@ def is_current(name: str, tag: str, data: Mapping[str, Any], options: Mapping[st
     return f"its data changed ({why})" if why else None
 
 
-def verify(tree: xr.DataTree, rtol: float = 1e-6) -> list[str]:
+def verify(tree: xr.DataTree, rtol: float = 1e-2) -> list[str]:
     """Problems with a stored reference (empty when none): its health recomputed from the stored draws must
     equal its record (to ``rtol``) and pass the standard, and the record must hold a passing second-seed
-    agreement (and cross-check, where the model names one)."""
+    agreement (and cross-check, where the model names one).
+
+    ``rtol`` is 1 %, not float precision: the compared quantities are recomputed from the stored draws, and their
+    last bits depend on the CPU and XLA's optimisation level; rank-normalised R-hat and ESS jump when two
+    near-tied draws swap ranks (measured on the gp_alps diabetes4 reference, whose switch probabilities sit at
+    1 - O(1e-10): min bulk ESS 1387.94 against the recorded 1388.42, R-hat 1.00290 against 1.00317, 3e-4
+    relative). A record made from other draws is off by far more; the standard itself is checked on the
+    recomputed values, whatever the record says."""
     from diagnostics.health import REFERENCE_RULE, Z_MAX, mcmc_health
 
     problems = []
