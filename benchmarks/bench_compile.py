@@ -34,12 +34,12 @@ spec = zoo.get(model)
 data = spec.default_data()[0]
 options = dict(spec.demo_options.get(method, {}))
 cap = int(sys.argv[3])
-if cap and get_method(spec, method).kind == "sampler":
-    options.update(num_warmup=min(options.get("num_warmup", cap), cap), num_samples=min(options.get("num_samples", cap), cap))
+capped = bool(cap) and get_method(spec, method).kind == "sampler"
+if capped:
+    options.update({k: min(options.get(k, cap), cap) for k in ("num_warmup", "num_samples")})
 with Stopwatch() as watch:
     tree = inference.fit(model, data, method, seed=0, progress=False, **options)
-print(json.dumps({"compile": watch.compile_seconds, "run": watch.run_seconds, "capped": bool(cap) and
-                  get_method(spec, method).kind == "sampler"}))
+print(json.dumps({"compile": watch.compile_seconds, "run": watch.run_seconds, "capped": capped}))
 """
 
 

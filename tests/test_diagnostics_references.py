@@ -51,8 +51,8 @@ def test_stored_reference_carries_its_validation_record(path: Path):
 def test_stored_reference_passes_the_standard_recomputed_from_its_draws(path: Path):
     """posteriordb's standard, stricter: >= 4 chains and 4000 stored draws, R-hat < 1.01 and bulk/tail ESS >= 400
     on every compared quantity, 0 divergences over the whole run, E-BFMI > 0.3 (recomputed here from the stored
-    draws and run totals, and equal to the record within 1 %: rank ties); the second seed's and the Gibbs cross-check's means within
-    4 combined MCSE (from the record)."""
+    draws and run totals, and equal to the record within 1 %: rank ties); the second seed's and the Gibbs
+    cross-check's means within 4 combined MCSE (from the record)."""
     tree = inference.load(path)
     assert references.verify(tree) == []
     record = json.loads(tree.attrs["validation"])
