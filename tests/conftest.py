@@ -8,6 +8,10 @@ import zlib
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 os.environ.setdefault("BAYES_ZOO_JAX_CACHE", str(ROOT / ".jax_cache"))
 os.environ.setdefault("MPLBACKEND", "Agg")
+# Every program goes to the persistent cache, however fast it compiled: the suite releases programs when memory
+# runs high (``_release_compiled_programs``) and the notebooks run in kernels of their own (which inherit this),
+# and both meet many of the same programs again.
+os.environ.setdefault("BAYES_ZOO_JAX_CACHE_MIN_SECONDS", "0")
 # The suite is compile-bound (tiny data, hundreds of distinct programs): XLA's backend optimisation level 0
 # compiles about 40 % faster (test_log_q.py, cold cache: 349 -> 202 CPU-seconds), and programs of this size
 # run fast enough unoptimised. Semantics are unchanged (only the last bits of reductions may differ, which no
@@ -31,6 +35,9 @@ def seed(request) -> int:
 
 
 RSS_LIMIT_BYTES = 6 * 2**30
+# Every compiled XLA:CPU executable holds memory maps of its own; Linux's default vm.max_map_count is 65530, and
+# a process that reaches it segfaults inside XLA's compiler (mmap fails). Programs are released well before.
+MAP_LIMIT = 30_000
 
 
 def resident_bytes() -> int | None:
@@ -42,17 +49,18 @@ def resident_bytes() -> int | None:
         return None
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _release_compiled_programs():
-    """After each test module, drop the compiled programs our own caches hold (the loop's chunks, the NUTS
-    samplers, the log-density programs), and, once the process holds more than ``RSS_LIMIT_BYTES``, every
-    program JAX holds (``jax.clear_caches``). A full ``make test`` that kept everything alive segfaulted in
-    XLA's CPU compiler (``backend_compile_and_load``) two hundred tests in, at several GB resident (2-core CI
-    box; each module alone passes). Clearing JAX's caches after *every* module cost about a fifth of the
-    suite's CPU time (measured on 8 modules: 132 s -> 103 s user without it), because every eager operation
-    recompiles afterwards; the memory bound keeps the protection without that cost. Programs come back
-    from the persistent compilation cache."""
-    yield
+def memory_maps() -> int | None:
+    """How many memory maps this process holds (Linux ``/proc``; None elsewhere)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
+def release_compiled_programs() -> None:
+    """Drop the compiled programs our own caches hold (the loop's chunks, the NUTS samplers, the SVI and
+    log-density programs) and every program JAX holds (``jax.clear_caches``)."""
     import gc
 
     import jax
@@ -69,10 +77,28 @@ def _release_compiled_programs():
             getattr(sys.modules[module], name).cache_clear()
     trees.clear_log_density_programs()
     gc.collect()
-    rss = resident_bytes()
-    if rss is None or rss > RSS_LIMIT_BYTES:
-        jax.clear_caches()
-        gc.collect()
+    jax.clear_caches()
+    gc.collect()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """After a test module, release every compiled program (``release_compiled_programs``) only once the process
+    holds more than ``RSS_LIMIT_BYTES`` or ``MAP_LIMIT`` memory maps; until then programs stay alive across
+    modules, so a module that fits a model the same way as an earlier one (same model, options and data
+    shapes: the contract, hostile-input and property suites all fit the tiny data) compiles nothing again.
+
+    Why the bound: a full ``make test`` that kept everything alive segfaulted in XLA's CPU compiler
+    (``backend_compile_and_load``) two hundred tests in (2-core CI box; each module alone passes): every
+    compiled executable holds memory maps, and the kernel's vm.max_map_count (65530) ends the process.
+    Releasing after *every* module cost a re-trace and re-compile of each program a later module meets again
+    (2374 s for the suite on the 2-core CI box, 61 % of it compilation); after a release, programs come back
+    from the persistent compilation cache (every program is written to it in tests, see the top of this file)
+    at the cost of tracing and lowering only."""
+    yield
+    rss, maps = resident_bytes(), memory_maps()
+    if rss is None or maps is None or rss > RSS_LIMIT_BYTES or maps > MAP_LIMIT:
+        release_compiled_programs()
 
 
 _SESSION_WATCH = None

@@ -37,14 +37,24 @@ from jax._src import xla_bridge  # noqa: E402  (backends_are_initialized: has JA
 jax.config.update("jax_enable_x64", True)
 
 
+CACHE_MIN_SECONDS_ENV = "BAYES_ZOO_JAX_CACHE_MIN_SECONDS"
+
+
 def enable_compilation_cache(path: str | os.PathLike | None = None) -> None:
-    """Turn on JAX's persistent compilation cache in ``path`` (default: ``$BAYES_ZOO_JAX_CACHE``)."""
+    """Turn on JAX's persistent compilation cache in ``path`` (default: ``$BAYES_ZOO_JAX_CACHE``), for programs
+    whose compilation took at least ``$BAYES_ZOO_JAX_CACHE_MIN_SECONDS`` (default 0.5; the test suite sets 0,
+    since its processes meet the same small programs again after releasing them)."""
     path = path or os.environ.get("BAYES_ZOO_JAX_CACHE")
     if not path:
         return
+    min_seconds = os.environ.get(CACHE_MIN_SECONDS_ENV, "0.5")
+    try:
+        min_seconds = float(min_seconds)
+    except ValueError:
+        raise ValueError(f"{CACHE_MIN_SECONDS_ENV}: expected a number of seconds, got {min_seconds!r}") from None
     os.makedirs(path, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_seconds)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
