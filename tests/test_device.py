@@ -136,3 +136,32 @@ def test_every_fitting_command_takes_device_and_refuses_gpu_without_one_as_a_usa
     assert "--device" in plain(result) and "'gpu' asked for, but JAX found no GPU" in plain(result)
     bad = runner.invoke(app, [*command, "--device", "tpu"])
     assert bad.exit_code == 2 and "expected one of ['cpu', 'gpu'], got 'tpu'" in plain(bad)
+
+
+def test_a_cache_threshold_that_is_not_seconds_is_a_value_error_naming_the_variable(monkeypatch, tmp_path):
+    """``BAYES_ZOO_JAX_CACHE_MIN_SECONDS`` is read as seconds; anything else is refused before the cache is set up
+    (no directory made, JAX's cache settings untouched)."""
+    import jax
+
+    before = jax.config.jax_compilation_cache_dir
+    for bad in ("half a second", "-1", "nan", "inf"):
+        monkeypatch.setenv(_runtime.CACHE_MIN_SECONDS_ENV, bad)
+        with pytest.raises(ValueError, match="BAYES_ZOO_JAX_CACHE_MIN_SECONDS: expected a number of seconds >= 0"):
+            _runtime.enable_compilation_cache(tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
+    assert jax.config.jax_compilation_cache_dir == before
+
+
+def test_the_zoo_command_refuses_an_unreadable_cache_threshold_as_a_usage_error():
+    """In a fresh interpreter, the CLI's set-up turns the ValueError into a usage error (exit 2) naming the
+    variable, not a traceback."""
+    out = fresh_python("""
+        import sys
+        from typer.testing import CliRunner
+        from zoo_cli.app import app
+        result = CliRunner().invoke(app, ["fit", "ppca", "--out", "x.nc"])
+        print("exit", result.exit_code, " ".join(result.output.replace("│", " ").split()))
+        print("traceback", type(result.exception).__name__)
+        """, BAYES_ZOO_JAX_CACHE_MIN_SECONDS="soon")
+    assert "exit 2" in out and "BAYES_ZOO_JAX_CACHE_MIN_SECONDS: expected a number of seconds >= 0, got 'soon'" in out
+    assert "traceback SystemExit" in out

@@ -47,11 +47,13 @@ def enable_compilation_cache(path: str | os.PathLike | None = None) -> None:
     path = path or os.environ.get("BAYES_ZOO_JAX_CACHE")
     if not path:
         return
-    min_seconds = os.environ.get(CACHE_MIN_SECONDS_ENV, "0.5")
+    text = os.environ.get(CACHE_MIN_SECONDS_ENV, "0.5")
     try:
-        min_seconds = float(min_seconds)
+        min_seconds = float(text)
     except ValueError:
-        raise ValueError(f"{CACHE_MIN_SECONDS_ENV}: expected a number of seconds, got {min_seconds!r}") from None
+        min_seconds = float("nan")
+    if not 0 <= min_seconds < float("inf"):
+        raise ValueError(f"{CACHE_MIN_SECONDS_ENV}: expected a number of seconds >= 0, got {text!r}")
     os.makedirs(path, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", min_seconds)

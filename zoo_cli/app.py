@@ -26,7 +26,10 @@ def _setup(device: str | None = None) -> None:
 
     os.environ.setdefault("BAYES_ZOO_JAX_CACHE", str(DEFAULT_CACHE))
     os.environ.setdefault("MPLBACKEND", "Agg")
-    from zoo import _runtime
+    try:
+        from zoo import _runtime
+    except ValueError as exc:   # a set-up variable that cannot be read (e.g. BAYES_ZOO_JAX_CACHE_MIN_SECONDS)
+        raise typer.BadParameter(str(exc)) from None
 
     try:
         if device is not None:
