@@ -35,8 +35,8 @@ def seed(request) -> int:
 
 
 RSS_LIMIT_BYTES = 6 * 2**30
-# Every compiled XLA:CPU executable holds memory maps of its own; Linux's default vm.max_map_count is 65530, and
-# a process that reaches it segfaults inside XLA's compiler (mmap fails). Programs are released well before.
+# Every compiled XLA:CPU executable holds memory maps of its own; a process that reaches Linux's default
+# vm.max_map_count (65530) has its mmaps fail. Programs are released well before that.
 MAP_LIMIT = 30_000
 
 
@@ -86,15 +86,15 @@ def _release_compiled_programs():
     """After a test module, release every compiled program (``release_compiled_programs``) only once the process
     holds more than ``RSS_LIMIT_BYTES`` or ``MAP_LIMIT`` memory maps; until then programs stay alive across
     modules, so a module that fits a model the same way as an earlier one (same model, options and data
-    shapes: the contract, hostile-input and property suites all fit the tiny data) compiles nothing again.
+    shapes) does not compile it again. Measured on the 2-core CI box: 2374 s for the suite releasing after every
+    module, 2047 s and 2326 s keeping programs (within the box's run-to-run spread; benchmarks/results.md,
+    "test_suite").
 
-    Why the bound: a full ``make test`` that kept everything alive segfaulted in XLA's CPU compiler
-    (``backend_compile_and_load``) two hundred tests in (2-core CI box; each module alone passes): every
-    compiled executable holds memory maps, and the kernel's vm.max_map_count (65530) ends the process.
-    Releasing after *every* module cost a re-trace and re-compile of each program a later module meets again
-    (2374 s for the suite on the 2-core CI box, 61 % of it compilation); after a release, programs come back
-    from the persistent compilation cache (every program is written to it in tests, see the top of this file)
-    at the cost of tracing and lowering only."""
+    Why a bound at all: a full ``make test`` that kept everything alive segfaulted in XLA's CPU compiler
+    (``backend_compile_and_load``) two hundred tests in, at several GB resident (each module alone passes); the
+    cause was not pinned down, so both resident memory and memory maps (vm.max_map_count) are bounded. After a
+    release, programs come back from the persistent compilation cache (every program is written to it in tests,
+    see the top of this file) at the cost of tracing and lowering only."""
     yield
     rss, maps = resident_bytes(), memory_maps()
     if rss is None or maps is None or rss > RSS_LIMIT_BYTES or maps > MAP_LIMIT:

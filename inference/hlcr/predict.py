@@ -110,7 +110,7 @@ def new_event_codes(ps: dict, data: dict, agent, entity) -> tuple[np.ndarray, np
     agents = {label_key(a): i for i, a in enumerate(ps["agent_ids"].tolist())}
     pairs = {(label_key(a), label_key(e)): p for p, (a, e) in enumerate(ps["pair_ids"].tolist())}
     agent_idx = np.array([agents.get(label_key(a), -1) for a in agent], dtype=np.int64)
-    pair_idx = np.array([pairs.get((label_key(a), label_key(e)), -1) for a, e in zip(agent, entity)],
+    pair_idx = np.array([pairs.get((label_key(a), label_key(e)), -1) for a, e in zip(agent, entity, strict=True)],
                         dtype=np.int64)
     return agent_idx, pair_idx
 
