@@ -16,6 +16,8 @@ coordinates; the tree's ``nuts_reformulation`` attr names the reformulation used
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +27,7 @@ from numpyro.infer import MCMC, NUTS
 from inference._init_strategies import INIT_STRATEGIES
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.progress import progress_enabled
-from inference.trees import split_arguments
+from inference.trees import NUMPYRO_NO_INIT, split_arguments
 
 
 def chain_method(num_chains: int, platform: str | None = None, device_count: int | None = None) -> str:
@@ -66,18 +68,84 @@ SAMPLER_SETTINGS = ("num_warmup", "num_samples", "num_chains", "thinning", "dens
 EXTRA_FIELDS = ("diverging", "energy", "num_steps", "accept_prob", "adapt_state.step_size")
 
 
+class _CheckedNUTS(NUTS):
+    """NUTS that keeps whether its initial point has a finite potential energy and gradient (``init_ok``).
+    NumPyro checks this only when the search runs outside a trace (``find_valid_initial_params``); inside
+    ``_sampling_program`` it cannot, so the program returns the flag and ``run_nuts`` raises NumPyro's error."""
+
+    def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs={}):  # noqa: B006 (NumPyro's)
+        state = super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
+        finite = [jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(state.z_grad)]
+        self.init_ok = jnp.isfinite(state.potential_energy) & jnp.all(jnp.stack(finite))
+        return state
+
+
+def _mcmc(model, static: tuple, settings: tuple, num_chains: int, method: str) -> MCMC:
+    o = dict(settings)
+    kernel = _CheckedNUTS(functools.partial(model, **dict(static)), dense_mass=o["dense_mass"],
+                          target_accept_prob=o["target_accept_prob"], max_tree_depth=o["max_tree_depth"],
+                          init_strategy=INIT_STRATEGIES[o["init"]])
+    return MCMC(kernel, num_warmup=o["num_warmup"], num_samples=o["num_samples"], num_chains=num_chains,
+                thinning=o["thinning"], chain_method=method, progress_bar=o["progress"], jit_model_args=True)
+
+
 @functools.lru_cache(maxsize=16)
 def _sampler(model, static: tuple, settings: tuple) -> MCMC:
     """NumPyro's ``MCMC`` for ``model`` with its non-array arguments ``static`` bound and these settings, kept
     for the process: the data arrays are arguments of the compiled program (``jit_model_args``), so fits of
-    one model on data of the same shapes (other seeds, other data sets) compile once."""
+    one model on data of the same shapes (other seeds, other data sets) compile once. Used with a progress bar
+    (NumPyro draws it from the host); without one, ``_sampling_program``."""
     o = dict(settings)
-    kernel = NUTS(functools.partial(model, **dict(static)), dense_mass=o["dense_mass"],
-                  target_accept_prob=o["target_accept_prob"], max_tree_depth=o["max_tree_depth"],
-                  init_strategy=INIT_STRATEGIES[o["init"]])
-    return MCMC(kernel, num_warmup=o["num_warmup"], num_samples=o["num_samples"], num_chains=o["num_chains"],
-                thinning=o["thinning"], chain_method=chain_method(o["num_chains"]), progress_bar=o["progress"],
-                jit_model_args=True)
+    return _mcmc(model, static, settings, o["num_chains"], chain_method(o["num_chains"]))
+
+
+class SamplingProgram(NamedTuple):
+    """``run(key, data arrays) -> (draws, extra fields, init_ok)``, every leaf with a leading chain axis,
+    compiled as one program; ``chain_method`` says how its chains are mapped."""
+
+    chain_method: str
+    run: Callable
+
+
+@functools.lru_cache(maxsize=16)
+def _sampling_program(model, static: tuple, settings: tuple) -> SamplingProgram:
+    """The whole NUTS run without a progress bar (the model's trace, the search for an initial point, the
+    adaptation's start, warm-up and sampling, every chain) as **one** compiled program of (key, data arrays),
+    kept for the process.
+
+    Why not ``MCMC.run`` itself: NumPyro initialises one chain, and vectorized chains, operation by operation
+    (bpca on tiny data: 428 XLA compilations, 28.6 s for the first fit at the test suite's O0; 34 and 15.4 s
+    here), and it traces a new ``pmap`` for every run of parallel chains (a second fit on same-shaped data
+    recompiled it: 2.4 s of 7.4). Chain ``c`` runs NumPyro's one-chain ``MCMC.run`` with
+    ``split(key, num_chains)[c]`` (``key`` itself for one chain), as ``MCMC.run`` does, so the draws are those
+    of NumPyro's own parallel and sequential chain methods; the chains are mapped by ``chain_method``: ``pmap``,
+    ``vmap`` (vectorized) or ``lax.map`` (sequential)."""
+    o = dict(settings)
+    num_chains, method = o["num_chains"], chain_method(o["num_chains"])
+
+    def one_chain(key, arrays):
+        mcmc = _mcmc(model, static, settings, 1, "sequential")
+        mcmc.run(key, **arrays, extra_fields=EXTRA_FIELDS)
+        return mcmc.get_samples(), mcmc.get_extra_fields(), mcmc.sampler.init_ok
+
+    def run(key, arrays):
+        if num_chains == 1:
+            return jax.tree.map(lambda a: a[None], one_chain(key, arrays))
+        keys = jax.random.split(key, num_chains)
+        if method == "parallel":
+            return jax.pmap(one_chain, in_axes=(0, None))(keys, arrays)
+        if method == "vectorized":
+            return jax.vmap(one_chain, in_axes=(0, None))(keys, arrays)
+        return jax.lax.map(lambda k: one_chain(k, arrays), keys)
+
+    return SamplingProgram(method, jax.jit(run))
+
+
+def _cached(builder, *args):
+    try:
+        return builder(*args)
+    except TypeError:  # an unhashable model argument: built for this call only
+        return builder.__wrapped__(*args)
 
 
 @register_method("nuts", kind="sampler", options=OPTIONS)
@@ -91,16 +159,17 @@ def run_nuts(ctx: FitContext) -> Draws:
     arrays, static = split_arguments(kwargs)
     settings = tuple((k, o[k]) for k in SAMPLER_SETTINGS) + (("progress", progress_enabled(o["progress"])),)
     model = reform.model if reform else ctx.spec.model
-    try:
-        mcmc = _sampler(model, static, settings)
-    except TypeError:  # an unhashable model argument: a sampler for this call only
-        mcmc = _sampler.__wrapped__(model, static, settings)
-    mcmc.run(ctx.key, **arrays, extra_fields=EXTRA_FIELDS)
-    samples = mcmc.get_samples(group_by_chain=True)
+    if dict(settings)["progress"]:
+        mcmc = _cached(_sampler, model, static, settings)
+        mcmc.run(ctx.key, **arrays, extra_fields=EXTRA_FIELDS)
+        samples, extra = mcmc.get_samples(group_by_chain=True), mcmc.get_extra_fields(group_by_chain=True)
+    else:
+        samples, extra, init_ok = _cached(_sampling_program, model, static, settings).run(ctx.key, arrays)
+        if not np.all(np.asarray(init_ok)):
+            raise RuntimeError(f"{NUMPYRO_NO_INIT} (chains {np.flatnonzero(~np.asarray(init_ok)).tolist()})")
     if reform is not None:
         samples = map_draws(reform, jax.random.fold_in(ctx.key, 1), samples, kwargs)
     samples = {k: np.asarray(v) for k, v in samples.items()}
-    extra = mcmc.get_extra_fields(group_by_chain=True)
     stats = {
         "diverging": np.asarray(extra["diverging"]),
         "energy": np.asarray(extra["energy"]),
@@ -120,11 +189,7 @@ def map_draws(reform, key, samples: dict, model_kwargs: dict, batch_size: int = 
     keys = jax.random.split(key, n_chain * n_draw)
     arrays, static = split_arguments(model_kwargs)
     batch = min(batch_size, n_chain * n_draw)
-    try:
-        mapper = _site_mapper(reform, static, batch)
-    except TypeError:  # an unhashable model argument: a program for this call only
-        mapper = _site_mapper.__wrapped__(reform, static, batch)
-    out = mapper(keys, flat, arrays)
+    out = _cached(_site_mapper, reform, static, batch)(keys, flat, arrays)
     return {k: jnp.reshape(v, (n_chain, n_draw, *v.shape[1:])) for k, v in out.items()}
 
 

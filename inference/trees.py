@@ -38,7 +38,7 @@ class NonFiniteError(FloatingPointError):
 ADVICE = ("try more warm-up/iterations, a smaller step size, or check the data (scale, outliers) and the "
           "hyperparameters (a very vague prior)")
 _NUMPYRO_INVALID = re.compile(r"(\w+) distribution got invalid (\w+) parameter")
-_NUMPYRO_NO_INIT = "Cannot find valid initial parameters"
+NUMPYRO_NO_INIT = "Cannot find valid initial parameters"
 
 
 @contextlib.contextmanager
@@ -60,7 +60,7 @@ def non_finite_as_error(method: str):
         raise NonFiniteError(f"method {method!r}: NumPyro's {found[1]} distribution got an invalid {found[2]!r} "
                              f"parameter (NaN/inf or out of its support) during the fit; {ADVICE}") from exc
     except RuntimeError as exc:
-        if _NUMPYRO_NO_INIT not in str(exc):
+        if NUMPYRO_NO_INIT not in str(exc):
             raise
         raise NonFiniteError(f"method {method!r}: NumPyro found no initial point with a finite log density "
                              f"(every latent variable tried gave NaN/inf); {ADVICE}") from exc

@@ -68,7 +68,7 @@ def release_compiled_programs() -> None:
     from inference import loop, nuts, svi, trees
 
     for cached in (loop._optimiser_start, loop._optimiser_chunk, loop._optimiser_start_and_run,
-                   loop._sampler_start, loop._sampler_chunk, nuts._sampler, nuts._site_mapper,
+                   loop._sampler_start, loop._sampler_chunk, nuts._sampler, nuts._sampling_program, nuts._site_mapper,
                    svi._programs):
         cached.cache_clear()
     for module, name in (("inference.gp_alps.svi", "_posterior_program"),

@@ -54,8 +54,10 @@ def test_nuts_on_one_gpu_builds_a_vectorized_sampler_and_on_the_cpu_a_parallel_o
     model = zoo.get("ppca").model
     settings = tuple((k, nuts.OPTIONS[k].default) for k in nuts.SAMPLER_SETTINGS) + (("progress", False),)
     assert nuts._sampler.__wrapped__(model, (), settings).chain_method == "parallel"
+    assert nuts._sampling_program.__wrapped__(model, (), settings).chain_method == "parallel"
     fake_accelerator(monkeypatch)
     assert nuts._sampler.__wrapped__(model, (), settings).chain_method == "vectorized"
+    assert nuts._sampling_program.__wrapped__(model, (), settings).chain_method == "vectorized"
 
 
 def test_set_device_selects_or_checks_and_every_failure_is_a_value_error_naming_the_argument(monkeypatch):
