@@ -11,6 +11,9 @@ latent sites (``to_sites``), so every NUTS run of that model (the demo's, a user
 meets the better geometry and returns draws of the same sites with the same posterior. ``reformulate=False``
 samples the model itself (to check the two agree). Divergences and energies are those of the sampled
 coordinates; the tree's ``nuts_reformulation`` attr names the reformulation used ("" when none).
+
+Without a progress bar a run is one compiled program (``_sampling_program``, kept per model, settings and data
+shapes); with one, NumPyro's ``MCMC.run`` draws the bar from the host (``_sampler``). Both give NumPyro's draws.
 """
 
 from __future__ import annotations
