@@ -121,3 +121,52 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"JAX tracing + lowering + XLA compilation: {compiled:.0f} s of {wall:.0f} s wall "
                                 f"({100 * compiled / max(wall, 1e-9):.0f} %), {_SESSION_WATCH.compile_events} spans "
                                 f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})")
+
+
+NOTEBOOK_TEST = "test_notebook_executes_in_fast_mode"
+NOTEBOOK_TIMEOUT = 180   # seconds per cell
+_NOTEBOOK_RUNS = pytest.StashKey[tuple]()
+
+
+def pytest_collection_finish(session):
+    """Start the selected notebook tests' notebooks (tests/test_notebooks.py) in background kernels, one at a time,
+    as soon as the tests are known; each test waits for its notebook (``run_notebook``). The kernels are processes
+    of their own, so they use the CI box's second core while this process runs the other tests on about one (the
+    notebooks took 279 s of a 2326 s suite run in turn)."""
+    paths = [item.callspec.params["path"] for item in session.items
+             if getattr(item, "originalname", "") == NOTEBOOK_TEST]
+    if not paths or session.config.option.collectonly:
+        return
+    import tempfile
+
+    from notebooks.build import execute_in_background
+
+    out = pathlib.Path(tempfile.mkdtemp(prefix="bayes-zoo-notebooks-"))
+    futures, pool = execute_in_background(paths, out, fast=True, timeout=NOTEBOOK_TIMEOUT)
+    session.config.stash[_NOTEBOOK_RUNS] = (futures, pool, out)
+
+
+def pytest_unconfigure(config):
+    runs = config.stash.get(_NOTEBOOK_RUNS, None)
+    if runs is not None:
+        import shutil
+
+        futures, pool, out = runs
+        pool.shutdown(wait=True, cancel_futures=True)   # an interrupted run: the notebook under way ends first
+        shutil.rmtree(out, ignore_errors=True)
+
+
+@pytest.fixture
+def run_notebook(request, tmp_path):
+    """``run_notebook(path)``: the notebook's result (``notebooks.build.execute``) from its background run started at
+    collection, waited for here (a failed cell raises here); a notebook not started there runs now."""
+    runs = request.config.stash.get(_NOTEBOOK_RUNS, None)
+
+    def run(path):
+        if runs is not None and path in runs[0]:
+            return runs[0][path].result()
+        from notebooks.build import execute
+
+        return execute(path, tmp_path, fast=True, timeout=NOTEBOOK_TIMEOUT)
+
+    return run
