@@ -17,14 +17,30 @@ NAN_DENSITY = zoo.ModelSpec(name="toy_nan_density", model=lambda y: (numpyro.sam
 SHORT = {"num_warmup": 5, "num_samples": 5}
 
 
+def _normal_model(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    numpyro.sample("y", dist.Normal(mu, sigma), obs=y)
+
+
+NORMAL = zoo.ModelSpec(name="toy_normal_sd", model=_normal_model,
+                       simulate=lambda seed: ({"y": np.random.default_rng(seed).normal(1.0, 0.5, 20)}, {}),
+                       data_fields=(zoo.DataField("y", ("n",)),))
+
+
 @pytest.mark.parametrize("num_chains", [1, 2])
 def test_the_one_program_gives_the_draws_of_numpyros_own_run(num_chains):
     """The oracle is NumPyro's ``MCMC.run`` (the progress-bar path: op-by-op initialisation, its own pmap of the
-    chains). A short run, so that the last bits in which the two compiled programs may differ cannot grow
-    through the trajectories into different draws."""
-    data, _ = zoo.get("ppca").tiny_data()
-    fits = {progress: inference.fit("ppca", data, "nuts", seed=11, num_chains=num_chains, progress=progress,
-                                    **SHORT) for progress in (True, False)}
+    chains) on a two-site model with data. A short run, so that the last bits in which the two compiled programs
+    may differ cannot grow through the trajectories into different draws."""
+    zoo.register(NORMAL, replace=True)
+    try:
+        data = NORMAL.simulate(0)[0]
+        fits = {progress: inference.fit("toy_normal_sd", data, "nuts", seed=11, num_chains=num_chains,
+                                        progress=progress, num_warmup=20, num_samples=10)
+                for progress in (True, False)}
+    finally:
+        zoo.unregister("toy_normal_sd")
     for site in fits[False]["posterior"].data_vars:
         np.testing.assert_allclose(fits[False]["posterior"][site].values, fits[True]["posterior"][site].values,
                                    rtol=1e-9, atol=1e-12, err_msg=site)
