@@ -13,7 +13,6 @@ import os
 import sys
 import tempfile
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -27,7 +26,7 @@ def sources() -> list[Path]:
 
 def execute(path: Path, out_dir: Path, *, fast: bool, timeout: int = 600) -> tuple[Path, float]:
     """Run ``path`` in a fresh kernel (cwd ``out_dir``, this process's environment with ``FAST`` and an inline
-    matplotlib backend; this process's own environment is left alone, so several may run at once); write
+    matplotlib backend; this process's own environment is left alone); write
     ``out_dir/<name>.ipynb`` atomically with outputs. Returns (that file, seconds). Raises
     ``nbclient.exceptions.CellExecutionError`` if a cell fails."""
     import jupytext
@@ -47,17 +46,6 @@ def execute(path: Path, out_dir: Path, *, fast: bool, timeout: int = 600) -> tup
     nbformat.write(nb, tmp)
     os.replace(tmp, target)
     return target, elapsed
-
-
-def execute_in_background(paths: list[Path], out_dir: Path, *, fast: bool, timeout: int = 600,
-                          workers: int = 1) -> tuple[dict[Path, Future], ThreadPoolExecutor]:
-    """Start ``execute`` on every notebook of ``paths`` (``workers`` at a time, in order) in background threads and
-    return (their futures by path, the executor: ``shutdown`` it when done). Each notebook runs in a kernel of its
-    own, a separate process, so this process goes on meanwhile: the test suite runs the notebooks beside its
-    in-process tests, which keep about one core of the CI box's two busy (the notebooks took 279 s of a 2326 s
-    suite when run in turn)."""
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="notebook")
-    return {path: pool.submit(execute, path, out_dir / path.stem, fast=fast, timeout=timeout) for path in paths}, pool
 
 
 def main(argv: list[str]) -> int:

@@ -1,6 +1,5 @@
 """Every teaching notebook runs in FAST mode through jupytext + nbclient (a real Jupyter kernel), and
-its last cell asserts the notebook's headline result, so a statistically broken notebook fails here. The notebooks
-start in background kernels as soon as the tests are collected (``tests/conftest.py``, ``run_notebook``)."""
+its last cell asserts the notebook's headline result, so a statistically broken notebook fails here."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import os
 import pytest
 
 import zoo
-from notebooks.build import sources
+from notebooks.build import execute, sources
 
 NOTEBOOKS = sources()
 TUTORIALS = {"posterior_quality_101", "prior_sensitivity"}
@@ -34,37 +33,24 @@ def test_every_registered_model_has_its_paper_notebook():
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes_in_fast_mode(path, run_notebook):
+def test_notebook_executes_in_fast_mode(path, tmp_path):
     text = path.read_text()
     first_numpyro, first_arviz = text.find("import numpyro"), text.find("arviz")
     assert first_numpyro >= 0 and (first_arviz < 0 or first_numpyro < first_arviz), \
         "notebooks must import numpyro before arviz (notes/ecosystem.md 1.9)"
     assert "assert" in text.split("# %%")[-1], "the last cell must assert the notebook's headline result"
-    run_notebook(path)
+    execute(path, tmp_path, fast=True, timeout=180)
 
 
-def test_background_runs_give_each_kernel_fast_mode_and_leave_this_process_environment_alone(tmp_path):
-    """``execute_in_background`` (how the suite runs the notebooks beside its other tests): two notebooks at once,
-    each kernel sees FAST=1 and the inline backend, and this process's environment is not touched (the old
-    ``execute`` set and restored os.environ around the kernel start, a race once runs overlap)."""
-    from notebooks.build import execute_in_background
 
+def test_the_kernel_gets_fast_mode_and_this_process_environment_is_left_alone(tmp_path):
+    """``execute`` hands FAST=1 and the inline backend to the kernel's own environment; it used to set and restore
+    them in os.environ around the kernel start, which changes this process for the run's length."""
     before = dict(os.environ)
-    paths = []
-    for name in ("first", "second"):
-        path = tmp_path / f"{name}.py"
-        path.write_text("# %%\nimport os\nassert os.environ['FAST'] == '1', os.environ.get('FAST')\n"
-                        "assert 'inline' in os.environ['MPLBACKEND']\n"
-                        f"open('ran_{name}', 'w').write(str(os.getpid()))\n")
-        paths.append(path)
-    futures, pool = execute_in_background(paths, tmp_path / "out", fast=True, timeout=60, workers=2)
-    try:
-        results = {path: futures[path].result(timeout=120) for path in paths}
-    finally:
-        pool.shutdown()
+    path = tmp_path / "probe.py"
+    path.write_text("# %%\nimport os\nassert os.environ['FAST'] == '1', os.environ.get('FAST')\n"
+                    "assert 'inline' in os.environ['MPLBACKEND']\nopen('ran', 'w').write(str(os.getpid()))\n")
+    target, seconds = execute(path, tmp_path / "out", fast=True, timeout=60)
     assert dict(os.environ) == before
-    pids = set()
-    for path, (target, seconds) in results.items():
-        assert target == tmp_path / "out" / path.stem / f"{path.stem}.ipynb" and target.exists() and seconds > 0
-        pids.add((tmp_path / "out" / path.stem / f"ran_{path.stem}").read_text())
-    assert len(pids) == 2 and str(os.getpid()) not in pids
+    assert target == tmp_path / "out" / "probe.ipynb" and target.exists() and seconds > 0
+    assert (tmp_path / "out" / "ran").read_text() != str(os.getpid())
