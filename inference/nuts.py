@@ -30,7 +30,7 @@ from numpyro.infer import MCMC, NUTS
 from inference._init_strategies import INIT_STRATEGIES
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.progress import progress_enabled
-from inference.trees import NUMPYRO_NO_INIT, split_arguments
+from inference.trees import NUMPYRO_NO_INIT, cached_or_fresh, split_arguments
 
 
 def chain_method(num_chains: int, platform: str | None = None, device_count: int | None = None) -> str:
@@ -144,13 +144,6 @@ def _sampling_program(model, static: tuple, settings: tuple) -> SamplingProgram:
     return SamplingProgram(method, jax.jit(run))
 
 
-def _cached(builder, *args):
-    try:
-        return builder(*args)
-    except TypeError:  # an unhashable model argument: built for this call only
-        return builder.__wrapped__(*args)
-
-
 @register_method("nuts", kind="sampler", options=OPTIONS)
 def run_nuts(ctx: FitContext) -> Draws:
     """No-U-Turn sampler on the model's log density (Hoffman & Gelman 2014; NumPyro's implementation)."""
@@ -163,11 +156,11 @@ def run_nuts(ctx: FitContext) -> Draws:
     settings = tuple((k, o[k]) for k in SAMPLER_SETTINGS) + (("progress", progress_enabled(o["progress"])),)
     model = reform.model if reform else ctx.spec.model
     if dict(settings)["progress"]:
-        mcmc = _cached(_sampler, model, static, settings)
+        mcmc = cached_or_fresh(_sampler, model, static, settings)
         mcmc.run(ctx.key, **arrays, extra_fields=EXTRA_FIELDS)
         samples, extra = mcmc.get_samples(group_by_chain=True), mcmc.get_extra_fields(group_by_chain=True)
     else:
-        samples, extra, init_ok = _cached(_sampling_program, model, static, settings).run(ctx.key, arrays)
+        samples, extra, init_ok = cached_or_fresh(_sampling_program, model, static, settings).run(ctx.key, arrays)
         if not np.all(np.asarray(init_ok)):
             raise RuntimeError(f"{NUMPYRO_NO_INIT} (chains {np.flatnonzero(~np.asarray(init_ok)).tolist()})")
     if reform is not None:
@@ -192,7 +185,7 @@ def map_draws(reform, key, samples: dict, model_kwargs: dict, batch_size: int = 
     keys = jax.random.split(key, n_chain * n_draw)
     arrays, static = split_arguments(model_kwargs)
     batch = min(batch_size, n_chain * n_draw)
-    out = _cached(_site_mapper, reform, static, batch)(keys, flat, arrays)
+    out = cached_or_fresh(_site_mapper, reform, static, batch)(keys, flat, arrays)
     return {k: jnp.reshape(v, (n_chain, n_draw, *v.shape[1:])) for k, v in out.items()}
 
 

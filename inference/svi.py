@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 from inference._init_strategies import INIT_STRATEGIES
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.progress import progress_enabled
-from inference.trees import NonFiniteError, split_arguments
+from inference.trees import NonFiniteError, cached_or_fresh, split_arguments
 
 _GUIDES = ("normal", "lowrank", "mvn")
 SVI_SETTINGS = ("guide", "init", "rank", "learning_rate", "num_particles")
@@ -182,10 +182,7 @@ def programs_for(model, model_kwargs, options) -> tuple[SVIPrograms, dict]:
     """(the cached programs for this model, arguments and options; the data arrays to pass them)."""
     arrays, static = split_arguments(model_kwargs)
     settings = tuple((k, options[k]) for k in SVI_SETTINGS)
-    try:
-        return _programs(model, static, settings), arrays
-    except TypeError:  # an unhashable model argument or guide: programs for this call only
-        return _programs.__wrapped__(model, static, settings), arrays
+    return cached_or_fresh(_programs, model, static, settings), arrays
 
 
 OPTIONS = {

@@ -147,6 +147,15 @@ def log_densities(spec: ModelSpec, model_kwargs: Mapping[str, Any], posterior: M
     return unflat(prior), unflat(lik)
 
 
+def cached_or_fresh(builder, *args):
+    """``builder(*args)`` from its ``functools.lru_cache``, or built for this call only when an argument is
+    unhashable (a model argument or guide that cannot be a cache key)."""
+    try:
+        return builder(*args)
+    except TypeError:
+        return builder.__wrapped__(*args)
+
+
 def split_arguments(model_kwargs: Mapping[str, Any]) -> tuple[dict, tuple]:
     """(data arrays, the other arguments as a sorted tuple of items): arrays become arguments of compiled
     programs, the rest (sizes, flags, scalar hyperparameters) is bound when they are built."""
