@@ -352,17 +352,24 @@ def demo(
     models: Annotated[str, typer.Option(help="Comma-separated models; default: all.")] = "",
     seed: Annotated[int, typer.Option(help="Random seed for every fit.")] = 0,
     fresh: Annotated[bool, typer.Option(help="Refit even when a matching result exists in --out.")] = False,
+    workers: Annotated[int, typer.Option(help="Worker processes that run the fits side by side (they share the "
+                                              "compilation cache); 0: one per core.")] = 0,
     device: DeviceOption = None,
 ) -> None:
     """The main job (`make demo`): every model, every method, compared with MCMC; writes an HTML
     report per model, a real-data report per model (its own kernels on its real dataset, against the stored NUTS
     reference of those data; `zoo list` names the datasets) and an index page counting the four verdicts (PASS,
-    FAIL, NOT CONVERGED, NOT JUDGED; see `zoo compare --help`). Resumes an interrupted run unless --fresh."""
+    FAIL, NOT CONVERGED, NOT JUDGED; see `zoo compare --help`). The fits run in --workers processes, slowest
+    first; the pages are then written in order. Resumes an interrupted run unless --fresh."""
+    if workers < 0:
+        raise typer.BadParameter(f"expected 0 (one per core) or a number of processes >= 1, got {workers}",
+                                 param_hint="--workers")
     _setup(device)
     from diagnostics.compare import run_demo
+    from diagnostics.workers import default_workers
 
     names = [_spec(m.strip()).name for m in models.split(",") if m.strip()] or None
-    run_demo(out, names, seed=seed, fresh=fresh, log=typer.echo)
+    run_demo(out, names, seed=seed, fresh=fresh, workers=workers or default_workers(), log=typer.echo)
 
 
 @app.command()
