@@ -152,37 +152,35 @@ def run_demo(out: Path, models: Sequence[str] | None = None, *, methods: Mapping
     the stored NUTS reference of each real dataset), then the index page counting the verdicts; returns its
     path.
 
-    ``workers`` > 1: every fit first runs in that many spawned worker processes (``diagnostics.workers.prefit``,
-    slowest first), written where this sequence writes it, which then reuses them for the pages; the same trees
-    and pages as ``workers=1`` (in process, the default here: a worker sees only the models ``import zoo``
-    registers; ``zoo demo`` uses one worker per core)."""
+    ``workers`` > 1: every fit runs in that many spawned worker processes (``diagnostics.workers``, slowest kind
+    first), written where the in-process sequence writes it and with its run stamp; then each model's pages are
+    written in the workers from those trees. The same trees, pages and verdicts as ``workers=1`` (in process,
+    the default here: a worker sees only the models ``import zoo`` registers; ``zoo demo`` uses one worker per
+    core)."""
     from diagnostics import workers as pool
 
     workers = pool.check_workers(workers)
     specs = [zoo.get(name) for name in (models or zoo.list_models())]   # an unknown name fails before any fit
     chosen = {spec.name: list((methods or {}).get(spec.name) or inference.methods_for(spec)) for spec in specs}
     t0 = time.time()
-    prefitted: set[str] = set()
+    pages: dict[str, Any] = {}
     if workers > 1:
         sections = {spec.name: [(s.tag, real_methods(spec)) for s in real_sections(spec, log=lambda _: None)]
                     for spec in specs}
         jobs = pool.demo_jobs([(spec.name, chosen[spec.name], sections[spec.name]) for spec in specs])
-        seconds = pool.prefit(jobs, out, seed=seed, fresh=fresh, workers=workers, log=log)
-        log(f"all {len(jobs)} fits done in {seconds:.0f} s; writing the pages")
-        prefitted = {str(Path(out) / j.model / (j.section or "") / f"{j.method}.nc") for j in jobs}
-        fresh = False                             # the fits above honoured it; the pages reuse what they wrote
-
-    def page_log(line: str) -> None:              # "reusing <path>" of a fit made just above says nothing new
-        if not (line.rsplit("reusing ", 1)[-1] in prefitted and ": reusing " in line):
-            log(line)
-
-    pages = {}
-    for i, spec in enumerate(specs, 1):
+        log(f"{len(jobs)} fits and {len(specs)} models' pages in {workers} worker processes")
+        with pool.WorkerPool(workers, log) as workers_pool:
+            workers_pool.run("fit", [(job.label, pool.fit_job, (job, str(out), seed, fresh)) for job in jobs])
+            done = workers_pool.run("pages of", [(spec.name, pool.page_job, (spec.name, chosen[spec.name], str(out),
+                                                                              seed)) for spec in specs])
+        for spec in specs:                       # the index in the models' order, whatever order they ended in
+            pages.update(done[spec.name])
+    for i, spec in enumerate(specs if workers == 1 else [], 1):
         log(f"[{i}/{len(specs)}] {spec.name}: {', '.join(chosen[spec.name])}")
         pages[spec.name] = compare_model(spec, chosen[spec.name], out, seed=seed, fresh=fresh, progress=progress,
-                                         log=page_log)
+                                         log=log)
         for dataset, page in compare_real_data(spec, out, seed=seed, fresh=fresh, progress=progress,
-                                               log=page_log).items():
+                                               log=log).items():
             pages[f"{spec.name} / real data: {dataset}"] = page
     index = Path(report_index(pages, out))
     log(f"demo finished in {time.time() - t0:.0f} s; open {index.resolve()}")

@@ -1,11 +1,12 @@
 """The demo's fits in parallel worker processes (``zoo demo --workers N``, default: one per core).
 
 The demo is a list of independent fits: each (model, method) on the model's comparison data, and each
-(model, section, method) of a real-data section. ``prefit`` runs them in ``workers`` processes, each fit written
-to the very path, with the very run stamp, that the sequential pipeline of ``diagnostics.compare`` writes; the
-sequential pipeline that follows (reports, verdicts, index) then finds every tree written and reuses it. So the
-parallel demo and the sequential one give the same trees and the same pages, and an interrupted parallel run
-resumes like a sequential one (each tree is written atomically when its fit ends, ``inference.save``).
+(model, section, method) of a real-data section. ``run_demo`` runs them (``fit_job``) in a ``WorkerPool`` of
+``workers`` processes, slowest kind first, each fit written to the very path, with the very run stamp, that the
+in-process pipeline of ``diagnostics.compare`` writes; then each model's pages (``page_job``: ``compare_model``
+and ``compare_real_data``) are written in the workers, reusing those trees. So the parallel demo and the
+in-process one give the same trees and the same pages, and an interrupted parallel run resumes like an
+in-process one (each tree is written atomically when its fit ends, ``inference.save``).
 
 Why processes and not threads: a fit holds the GIL while JAX traces and compiles, which is most of a cold fit.
 The workers are *spawned* (a forked JAX runtime is unsafe) and share the persistent compilation cache
@@ -26,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
+from typing import Any
 
 Log = Callable[[str], None]
 
@@ -118,51 +120,76 @@ def fit_job(job: FitJob, out: str | os.PathLike, seed: int, fresh: bool, log: Lo
     return time.time() - t0, os.getpid()
 
 
+def page_job(model: str, methods: Sequence[str], out: str | os.PathLike, seed: int,
+             log: Log = _say) -> tuple[dict[str, str], int]:
+    """Write ``model``'s report page and its real-data pages from the trees the fit jobs wrote (``compare_model``
+    and ``compare_real_data``, each fit reused: the "reusing" lines are not repeated). Returns ``{index label:
+    page path}`` as ``run_demo`` collects them, and the id of the process."""
+    from diagnostics.compare import compare_model, compare_real_data
+
+    def quiet(line: str) -> None:
+        if not (": reusing " in line and line.endswith(".nc")):
+            log(line)
+
+    pages = {model: str(compare_model(model, list(methods), Path(out), seed=seed, progress=False, log=quiet))}
+    for dataset, page in compare_real_data(model, Path(out), seed=seed, progress=False, log=quiet).items():
+        pages[f"{model} / real data: {dataset}"] = str(page)
+    return pages, os.getpid()
+
+
 # ------------------------------------------------------------------------------------------------
 # In the calling process
 # ------------------------------------------------------------------------------------------------
 
-def prefit(jobs: Sequence[FitJob], out: str | os.PathLike, *, seed: int, fresh: bool, workers: int,
-           log: Log = print) -> float:
-    """Run ``jobs`` in ``workers`` spawned processes (``fit_job`` each), logging every fit's line as it ends
-    and a count ``[k/n]``; returns the wall seconds. The first failed fit stops the rest (those not started are
-    cancelled) and is raised as a ``RuntimeError`` naming it, with the worker's error as its cause; the trees
-    already written stay, so a rerun resumes."""
-    workers = check_workers(workers)
-    t0 = time.time()
-    context = multiprocessing.get_context("spawn")
-    lines: multiprocessing.Queue = context.Queue()
+class WorkerPool:
+    """``workers`` spawned processes (``with WorkerPool(n, log) as pool``) that run module-level functions
+    (``pool.run``), each worker's log lines passed to ``log`` as they come."""
 
-    def drain() -> None:
+    def __init__(self, workers: int, log: Log = print):
+        self.workers, self.log = check_workers(workers), log
+
+    def __enter__(self) -> WorkerPool:
+        context = multiprocessing.get_context("spawn")
+        self._lines: multiprocessing.Queue = context.Queue()
+        self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=context,
+                                         initializer=_start_worker, initargs=(self._lines,))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._drain()
+
+    def _drain(self) -> None:
         while True:
             try:
-                log(lines.get_nowait())
+                self.log(self._lines.get_nowait())
             except queue_module.Empty:
                 return
 
-    log(f"fitting {len(jobs)} (model, method) pairs in {min(workers, len(jobs))} worker processes")
-    with ProcessPoolExecutor(max_workers=min(workers, max(1, len(jobs))), mp_context=context,
-                             initializer=_start_worker, initargs=(lines,)) as pool:
-        futures: dict[Future, FitJob] = {pool.submit(fit_job, job, str(out), seed, fresh): job for job in jobs}
-        pending, done_count = set(futures), 0
+    def run(self, what: str, calls: Sequence[tuple[str, Callable, tuple]]) -> dict[str, Any]:
+        """Run every ``(label, function, args)`` of ``calls`` (the function returns ``(result, pid)``), logging
+        ``[k/n] label`` with its seconds as each ends; returns ``{label: result}``. The first failure cancels
+        the calls not started and is raised as a ``RuntimeError`` naming it, with the worker's error as its
+        cause (what finished stays written, so a rerun resumes)."""
+        t0 = time.time()
+        futures: dict[Future, str] = {self._pool.submit(fn, *args): label for label, fn, args in calls}
+        started = {future: time.time() for future in futures}
+        pending, results = set(futures), {}
         try:
             while pending:
                 done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
-                drain()
+                self._drain()
                 for future in done:
-                    job = futures[future]
+                    label = futures[future]
                     error = future.exception()
                     if error is not None:
-                        raise RuntimeError(f"the demo's fit {job.label} failed in its worker: {error}") from error
-                    done_count += 1
-                    seconds, pid = future.result()
-                    log(f"[{done_count}/{len(jobs)}] {job.label} done: {seconds:.0f} s in worker pid {pid} "
-                        f"({time.time() - t0:.0f} s since the start)")
+                        raise RuntimeError(f"{what} {label} failed in its worker: {error}") from error
+                    results[label], pid = future.result()
+                    self.log(f"[{len(results)}/{len(futures)} {what}] {label} done in worker pid {pid} "
+                             f"({time.time() - started[future]:.0f} s since queued, {time.time() - t0:.0f} s "
+                             f"since the start)")
         except BaseException:
             for future in pending:
                 future.cancel()
             raise
-        finally:
-            time.sleep(0.05)
-            drain()
-    return time.time() - t0
+        return results

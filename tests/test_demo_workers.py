@@ -62,7 +62,8 @@ def test_parallel_demo_gives_the_trees_and_verdicts_of_the_in_process_demo(tmp_p
         verdicts = [json.loads((tmp_path / run / page / SUMMARY).read_text())["methods"] for run in ("par", "seq")]
         assert {m: v["verdict"] for m, v in verdicts[0].items()} == {m: v["verdict"] for m, v in verdicts[1].items()}
     text = "\n".join(lines)
-    assert "in 2 worker processes" in text and "[3/3]" in text
+    assert "in 2 worker processes" in text and "[3/3 fit] ppca/" in text and "[1/1 pages of] ppca" in text
     assert "reusing" not in text                     # the pages reused the workers' trees without saying so
+    assert "ppca/real_wine/vbem: " in text          # the verdict lines come from the page workers
     pids = {int(line.split("worker pid ")[1].split()[0]) for line in lines if "worker pid " in line}
     assert len(pids) >= 1 and os.getpid() not in pids   # the fits ran in other processes
