@@ -23,6 +23,7 @@ Messages go to ``log`` (``print`` by default; the command line passes ``typer.ec
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -39,10 +40,21 @@ import inference
 import zoo
 from diagnostics import references
 from diagnostics.realdata import real_methods, real_sections
-from diagnostics.report import SUMMARY, first_clause, report, report_index
+from diagnostics.report import SUMMARY, report, report_index, verdict_lines
 from inference.api import read_data, resolve
+from inference.progress import explained_warnings
 
 Log = Callable[[str], None]
+
+
+def _explained(fn):
+    """``fn`` run inside ``inference.progress.explained_warnings`` with its ``log``: warnings a user cannot act on
+    are said once, with what they mean."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with explained_warnings(kwargs.get("log", print)):
+            return fn(*args, **kwargs)
+    return wrapper
 
 
 def comparison_data(spec: zoo.ModelSpec) -> tuple[dict, str | None]:
@@ -54,7 +66,7 @@ def comparison_data(spec: zoo.ModelSpec) -> tuple[dict, str | None]:
 
 
 def run_comparison(spec: zoo.ModelSpec | str, methods: Sequence[str], out: Path, *, seed: int = 0,
-                   fresh: bool = False, progress: bool = True, log: Log = print) -> dict[str, xr.DataTree]:
+                   fresh: bool = False, progress: bool | None = None, log: Log = print) -> dict[str, xr.DataTree]:
     """Fit ``methods`` on ``comparison_data(spec)`` with the spec's demo options and return ``{label: tree}``,
     the stored reference first (label ``"reference (stored NUTS)"``) when it matches the data.
 
@@ -122,20 +134,14 @@ def write_comparison(spec: zoo.ModelSpec | str, trees: Mapping[str, xr.DataTree]
                        index_link="../../index.html" if section else "../index.html"))
     summary = json.loads((page.parent / SUMMARY).read_text())
     where = f"{spec.name}/{section}" if section else spec.name
-    for method, v in summary.get("methods", {}).items():
-        reason = v["reasons"]
-        if v["verdict"] == "NOT JUDGED":  # the reference's failure is printed once below; a sampler's mixing here
-            reason = reason[reason.index("its own chains"):] if "its own chains" in reason else ""
-        why = f": {first_clause(reason, 200)}" if v["verdict"] != "PASS" and reason else ""
-        log(f"  {where}/{method}: {v['verdict']}{why}")
-    health = summary.get("reference_health") or {}
-    if health and not health.get("reliable", True):
-        log(f"  {where}: reference NOT healthy, nothing judged: {'; '.join(health['failures'])}")
+    for line in verdict_lines(summary.get("methods", {}), summary.get("reference_health"), where=where):
+        log(f"  {line}")
     return page
 
 
+@_explained
 def compare_model(spec: zoo.ModelSpec | str, methods: Sequence[str] | None, out: Path, *, seed: int = 0,
-                  fresh: bool = False, progress: bool = True, log: Log = print) -> Path:
+                  fresh: bool = False, progress: bool | None = None, log: Log = print) -> Path:
     """``run_comparison`` then ``write_comparison``; ``methods`` None: every method of the model
     (``inference.methods_for``). Returns the report page's path."""
     spec = zoo.get(spec)
@@ -144,8 +150,9 @@ def compare_model(spec: zoo.ModelSpec | str, methods: Sequence[str] | None, out:
     return write_comparison(spec, trees, out, log=log)
 
 
+@_explained
 def run_demo(out: Path, models: Sequence[str] | None = None, *, methods: Mapping[str, Sequence[str]] | None = None,
-             seed: int = 0, fresh: bool = False, progress: bool = True, workers: int = 1,
+             seed: int = 0, fresh: bool = False, progress: bool | None = None, workers: int = 1,
              log: Log = print) -> Path:
     """``compare_model`` for every model (``models`` None: all registered), each with every method it offers
     or those ``methods[model]`` names, then its real-data sections (``compare_real_data``: its kernels against
@@ -226,12 +233,29 @@ class OwnReference:
 @dataclasses.dataclass(frozen=True)
 class Comparison:
     """What ``compare`` did: the report page, each method's verdict, the reference, and wall seconds of the
-    reference, the method fits and the whole call."""
+    reference, the method fits and the whole call; ``reasons`` (method -> the verdict's reasons) and
+    ``reference_health`` (its health record) as the page has them. Its ``repr`` is the verdict list, one line per
+    method, as ``zoo compare`` prints it."""
 
     page: Path
     verdicts: dict[str, str]
     reference: OwnReference
     seconds: dict[str, float]
+    reasons: dict[str, str] = dataclasses.field(default_factory=dict)
+    reference_health: dict = dataclasses.field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        """The verdict lines (``diagnostics.report.verdict_lines``) and where the page is."""
+        methods = {m: {"verdict": v, "reasons": self.reasons.get(m, "")} for m, v in self.verdicts.items()}
+        return verdict_lines(methods, self.reference_health) + [f"report: {self.page}"]
+
+    def __repr__(self) -> str:
+        return "\n".join(self.lines())
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return "<pre>" + html.escape(repr(self)) + "</pre>"
 
 
 def reference_cache_key(spec: zoo.ModelSpec, data: Mapping[str, Any], settings: Mapping[str, Any], seed: int,
@@ -297,7 +321,7 @@ def stored_reference(spec: zoo.ModelSpec | str, data: Mapping[str, Any], setting
 def own_reference(spec: zoo.ModelSpec | str, data: Mapping[str, Any], *, settings: Mapping[str, Any],
                   seed: int = 0, crosscheck: Any = True, cache_dir: str | os.PathLike | None = None,
                   fresh: bool = False, stored: bool = True, stored_tags: Sequence[str] | None = None,
-                  make: bool = True, progress: bool = True, log: Log = print) -> OwnReference:
+                  make: bool = True, progress: bool | None = None, log: Log = print) -> OwnReference:
     """The NUTS reference of ``spec`` on ``data`` (validated arrays), in this order:
 
     1. ``stored`` (unless ``fresh``): a stored reference of these data and hyperparameters (``stored_reference``,
@@ -380,7 +404,7 @@ class ComparisonPlan:
 def plan_comparison(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str] | None = None, *,
                     columns: Mapping[str, Any] | None = None, dropna: bool = False, seed: int = 0,
                     hyper: Mapping[str, Any] | None = None, options: Mapping[str, Mapping[str, Any]] | None = None,
-                    reference: Mapping[str, Any] | None = None, progress: bool = True) -> ComparisonPlan:
+                    reference: Mapping[str, Any] | None = None, progress: bool | None = None) -> ComparisonPlan:
     """Every check of ``compare`` (its arguments, see there), nothing run: ``ValueError`` naming the first bad
     argument, method, option or column. Each method's options: the model's ``demo_options`` without their
     hyperparameters, the reference's hyperparameters, then ``options[method]``."""
@@ -412,7 +436,7 @@ def plan_comparison(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str
 def run_plan(plan: ComparisonPlan, out: str | os.PathLike, *, section: str | None = None,
              data_note: str | None = None, crosscheck: Any = True, cache_dir: str | os.PathLike | None = None,
              fresh: bool = False, fresh_reference: bool = False, make_reference: bool = True,
-             stored_tags: Sequence[str] | None = None, progress: bool = True, log: Log = print) -> Comparison:
+             stored_tags: Sequence[str] | None = None, progress: bool | None = None, log: Log = print) -> Comparison:
     """Run a planned comparison: the reference (``own_reference``; ``make_reference`` False: only a stored or
     cached one, else ``NoReference`` before any fit), the methods (each tree in ``out/<model>[/<section>]/``,
     reused on a rerun unless ``fresh``) and the report there (``write_comparison``)."""
@@ -432,15 +456,18 @@ def run_plan(plan: ComparisonPlan, out: str | os.PathLike, *, section: str | Non
     summary = json.loads((page.parent / SUMMARY).read_text())
     seconds["total"] = time.time() - t_start
     return Comparison(page=page, verdicts={m: v["verdict"] for m, v in summary.get("methods", {}).items()},
-                      reference=ref, seconds=seconds)
+                      reference=ref, seconds=seconds,
+                      reasons={m: v["reasons"] for m, v in summary.get("methods", {}).items()},
+                      reference_health=summary.get("reference_health") or {})
 
 
+@_explained
 def compare(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str] | None = None, *,
             out: str | os.PathLike = "zoo-compare", columns: Mapping[str, Any] | None = None, dropna: bool = False,
             seed: int = 0, hyper: Mapping[str, Any] | None = None,
             options: Mapping[str, Mapping[str, Any]] | None = None, reference: Mapping[str, Any] | None = None,
             crosscheck: Any = True, cache_dir: str | os.PathLike | None = None, fresh: bool = False,
-            fresh_reference: bool = False, progress: bool = True, log: Log = print) -> Comparison:
+            fresh_reference: bool = False, progress: bool | None = None, log: Log = print) -> Comparison:
     """Compare ``methods`` with MCMC on your own data: a NUTS reference on ``data`` (``own_reference``: a stored
     reference of the same data and hyperparameters serves as it is, else one is made and cached), every method
     fitted on the same data, and the report of ``zoo compare`` written to ``out/<model>/report.html`` with a
@@ -459,6 +486,7 @@ def compare(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str] | None
     crosscheck:    True: the model's exact cross-check sampler as for the stored references; None: none.
     cache_dir:     where references are cached (``default_cache_dir()``); ``fresh_reference`` remakes it,
                    ``fresh`` refits the methods.
+    progress:      progress bars of the fits; None (default): only when stderr is a terminal.
 
     Every argument, method and option is checked before anything runs (``ValueError`` naming it).
     """
@@ -469,7 +497,7 @@ def compare(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str] | None
 
 
 def compare_real_data(spec: zoo.ModelSpec | str, out: str | os.PathLike, *, seed: int = 0, fresh: bool = False,
-                      progress: bool = True, log: Log = print) -> dict[str, Path]:
+                      progress: bool | None = None, log: Log = print) -> dict[str, Path]:
     """The demo's real-data sections of ``spec`` (``diagnostics.realdata.real_sections``: one per demo dataset
     with a stored reference), each through the own-data pipeline: ``real_methods`` fitted on the reference's
     stored arrays with its hyperparameters, the stored ``real_<dataset>`` reference serving as the reference
@@ -516,11 +544,12 @@ def prior_sites_of(spec: zoo.ModelSpec, data: Mapping[str, Any], hyper: Mapping[
     return names
 
 
+@_explained
 def sensitivity_report(model: zoo.ModelSpec | str, data: Any, method: str = "nuts", *,
                        out: str | os.PathLike = "zoo-sensitivity", prior_sites: Sequence[str] | None = None,
                        columns: Mapping[str, Any] | None = None, dropna: bool = False, seed: int = 0,
                        hyper: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
-                       fresh: bool = False, progress: bool = True, log: Log = print) -> Path:
+                       fresh: bool = False, progress: bool | None = None, log: Log = print) -> Path:
     """Prior sensitivity on your own data: fit ``method`` (the model's demo options, then ``hyper`` and
     ``options``) on ``data`` (a DataFrame read with ``columns``/``dropna``, or a dict) and write the power-scaling
     page ``out/<model>/sensitivity/sensitivity.html`` (``diagnostics.report.sensitivity_page``: table, plots,

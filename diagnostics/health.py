@@ -52,21 +52,48 @@ REFERENCE_RULE = HealthRule()
 Z_MAX = 4.0
 
 
-def component_labels(name: str, shape: tuple[int, ...]) -> list[str]:
+def component_labels(name: str, shape: tuple[int, ...], entries: list[list[str]] | None = None) -> list[str]:
     """``name[i,j]`` labels of every scalar component of a variable with non-sample ``shape``, in C order
-    (the labels the scorecard uses)."""
+    (the labels the scorecard uses); ``entries`` (``dim_entries``): per dim, the names of its entries (default:
+    their positions), so a dim the user labelled reads ``mu_sorted[0,Hwt]``."""
     if not shape:
         return [name]
-    return [f"{name}[{','.join(map(str, idx))}]" for idx in np.ndindex(*shape)]
+    if entries is None:
+        return [f"{name}[{','.join(map(str, idx))}]" for idx in np.ndindex(*shape)]
+    return [f"{name}[{','.join(entries[k][i] for k, i in enumerate(idx))}]" for idx in np.ndindex(*shape)]
+
+
+def dim_entries(da: xr.DataArray) -> list[list[str]]:
+    """Per non-sample dim of ``da``, in order, the names of its entries in labels: the values of a coordinate of
+    strings (the user's column or group names, which ``diagnostics.view.compared_posterior`` carries onto the
+    summaries, or entries a summary names itself), else the positions 0, 1, ... (numeric coordinates: positions,
+    grids, draws' own indices)."""
+    out = []
+    for d in da.dims:
+        if d in SAMPLE_DIMS:
+            continue
+        coord = da.coords.get(d)
+        values = None if coord is None else coord.values.tolist()
+        if values is not None and coord.dtype.kind in "USO" and all(isinstance(v, str) for v in values):
+            out.append(values)
+        else:
+            out.append([str(i) for i in range(da.sizes[d])])
+    return out
+
+
+def labels_of(da: xr.DataArray, name: str | None = None) -> list[str]:
+    """The labels of every scalar component of ``da`` (``component_labels`` with ``dim_entries``), C order."""
+    shape = tuple(n for d, n in da.sizes.items() if d not in SAMPLE_DIMS)
+    return component_labels(str(da.name if name is None else name), shape, dim_entries(da))
 
 
 def per_component(stat: xr.Dataset, names) -> dict[str, float]:
     """label -> value for every scalar component of ``stat`` (a dataset of per-variable statistics without
-    sample dims, as ArviZ's ``rhat``/``ess`` return)."""
+    sample dims, as ArviZ's ``rhat``/``ess`` return; its coordinates name the entries, ``dim_entries``)."""
     out = {}
     for name in names:
         values = np.asarray(stat[name].values, dtype=float)
-        out.update(zip(component_labels(name, values.shape), values.ravel().tolist(), strict=True))
+        out.update(zip(labels_of(stat[name], name), values.ravel().tolist(), strict=True))
     return out
 
 
@@ -79,7 +106,7 @@ def _varying(ds: xr.Dataset) -> tuple[list[str], list[str]]:
         values = np.asarray(da.transpose(*SAMPLE_DIMS, ...).values, dtype=float)
         flat = values.reshape(values.shape[0] * values.shape[1], -1)
         still = np.ptp(flat, axis=0) == 0
-        labels = component_labels(name, values.shape[2:])
+        labels = labels_of(da, name)
         constant += [lab for lab, s in zip(labels, still, strict=True) if s]
         if not still.all():
             names.append(name)

@@ -22,7 +22,7 @@ import pandas as pd
 import xarray as xr
 
 import zoo
-from diagnostics.scorecard import FAIL, NOT_CONVERGED, NOT_JUDGED, PASS, VERDICTS
+from diagnostics.scorecard import FAIL, NOT_CONVERGED, NOT_JUDGED, PASS, VERDICTS, first_clause, verdict_lines  # noqa: F401 (re-exported)
 
 PAGE = "report.html"
 SUMMARY = "summary.json"
@@ -243,7 +243,7 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
     """
     from diagnostics import plots
     from diagnostics.scorecard import method_scores, scorecard
-    from diagnostics.view import compared_views
+    from diagnostics.view import carry_user_labels, compared_views
 
     spec = zoo.get(model)
     if not trees:
@@ -254,6 +254,8 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
     sens_key = sensitivity_of or ref_name or next(iter(trees))
     if sens_key not in trees:
         raise ValueError(f"sensitivity_of: {sens_key!r} is not one of the trees {list(trees)}")
+    if ref_name is not None:   # a reference made on the bare arrays takes the names of the candidates' table
+        trees = {**trees, ref_name: carry_user_labels(trees[ref_name], [t for k, t in trees.items() if k != ref_name])}
     # Every tree's compared view (summaries, draws, ESS, R-hat, MCSE, health) once, for every section below.
     ordered = compared_views(({ref_name: trees[ref_name]} if ref_name else {})
                              | {k: v for k, v in trees.items() if k != ref_name})
@@ -262,7 +264,7 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
     sections, summary = [], {"model": spec.name, "reference": ref_name, "methods": {}, "data_note": data_note}
     card = scores = None
     if ref_name is not None and candidates:
-        card = scorecard(ordered[ref_name], candidates, var_names=var_names)
+        card = scorecard(ordered[ref_name], candidates, var_names=var_names, warn=False)  # said on the page
         scores = method_scores(ordered[ref_name], candidates, card=card, var_names=var_names)
         card.to_csv(out_dir / "scorecard.csv", index=False)
         scores.to_csv(out_dir / "methods.csv", index=False)
@@ -501,18 +503,6 @@ def _write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
-
-
-def first_clause(reason: str, limit: int = 150) -> str:
-    """The first clause of a verdict's reasons (what failed, with its number), cut to ``limit`` characters."""
-    depth, end = 0, len(reason)
-    for i, ch in enumerate(reason):  # the first "; " outside parentheses ends the first clause
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if depth == 0 and reason.startswith("; ", i):
-            end = i
-            break
-    first = reason[:end].split(". What to change")[0]
-    return first if len(first) <= limit else first[: limit - 1].rstrip() + "…"
 
 
 def report_index(pages: Mapping[str, str | os.PathLike], out_dir: str | os.PathLike) -> Path:

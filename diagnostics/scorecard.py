@@ -10,7 +10,10 @@ Per candidate method and per scalar component of each compared quantity (the lab
   sqrt(mcse_q^2 + mcse_ref^2) / sd_ref = sqrt(sd_ratio^2 / ESS_q + 1 / ESS_ref) (ESS of the mean, ArviZ's
   ``mcse``; the candidate's own sd enters, so a wide sampler is not credited with a narrow one's error);
 * ``z_mean``, ``z_sd``: the differences of the means and of the sds in combined Monte Carlo standard errors;
-* ``floor``, ``mean_tol``, ``sd_tol``, ``mean_ok``, ``sd_ok``, ``ok``: the rule below, row by row.
+* ``floor``, ``mean_tol``, ``sd_tol``, ``mean_ok``, ``sd_ok``, ``ok``: the rule below, row by row; ``mean_tol`` and
+  ``sd_tol`` are the largest |difference| of the mean and of the sd that the method's rule allows on the row
+  (samplers: z_crit combined Monte Carlo errors; approximations: 0.2 reference sd, and the sd ratio range
+  0.8-1.25 on the side the method is on; never below the floor).
 
 The verdict (``method_scores``), one of four:
 
@@ -85,6 +88,7 @@ numerical noise around a constant mean nothing; their values are still compared 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -96,6 +100,7 @@ from diagnostics import metrics
 from diagnostics.view import (
     NUMERIC_FLOOR,
     ComparedView,
+    carry_user_labels,
     compared_posterior,
     compared_view,
     compared_views,
@@ -121,7 +126,7 @@ COLUMNS = ["method", "parameter", "mean_ref", "mean", "sd_ref", "sd", "std_mean_
 
 __all__ = ["COLUMNS", "FAIL", "NOT_CONVERGED", "NOT_JUDGED", "PASS", "VERDICTS", "ComparedView",
            "compared_posterior", "compared_view", "method_kind", "method_scores", "reference_health",
-           "scorecard", "z_critical"]
+           "scorecard", "first_clause", "verdict_lines", "MethodScores", "z_critical"]
 
 
 def z_critical(n_tests: int, fwer: float = FWER) -> float:
@@ -137,6 +142,15 @@ def reference_health(reference: xr.DataTree | ComparedView, ds: xr.Dataset | Non
     from diagnostics.health import mcmc_health
 
     return mcmc_health(reference, ds if ds is not None else compared_posterior(reference))
+
+
+def _reference_view(reference, candidates) -> ComparedView:
+    """The reference's view, its tree first given the candidates' labels where it has positions only
+    (``carry_user_labels``: a reference made on the bare arrays of a labelled table)."""
+    if isinstance(reference, xr.DataTree):
+        donors = [candidates] if isinstance(candidates, xr.DataTree | ComparedView) else list(candidates.values())
+        reference = carry_user_labels(reference, donors)
+    return compared_view(reference, name="reference")
 
 
 def _candidate_views(candidates) -> dict[str, ComparedView]:
@@ -212,7 +226,9 @@ def _judge(df: pd.DataFrame, kind: str) -> float:
             df["sd_ok"] = True
         else:
             lo, hi = SD_RATIO_RANGE
-            df["sd_tol"] = df["floor"]
+            # the allowed |sd - sd_ref| on the side the method is on: the ratio range 0.8-1.25, or the floor
+            side = np.where(df["sd"] < df["sd_ref"], 1.0 - lo, hi - 1.0)
+            df["sd_tol"] = np.maximum(side * df["sd_ref"], df["floor"])
             in_range = (df["sd"] >= lo * df["sd_ref"]) & (df["sd"] <= hi * df["sd_ref"])
             df["sd_ok"] = in_range | (diff_sd <= df["floor"])
     df["ok"] = df["mean_ok"] & df["sd_ok"]
@@ -220,16 +236,23 @@ def _judge(df: pd.DataFrame, kind: str) -> float:
 
 
 def scorecard(reference: xr.DataTree | ComparedView, candidates: Mapping | xr.DataTree | ComparedView, *,
-              var_names: Sequence[str] | None = None) -> pd.DataFrame:
+              var_names: Sequence[str] | None = None, warn: bool = True) -> pd.DataFrame:
     """One row per (method, compared scalar of the reference) with the columns of ``COLUMNS`` (module
     docstring). ``reference`` and ``candidates`` are DataTrees or ``ComparedView``s (a report passes views,
     computed once). ``df.attrs``: ``reference_health`` (``mcmc_health``), ``missing`` ({method: reference
     labels absent from it}), ``z_critical`` ({method: z_crit}, samplers), ``n_compared`` ({method: number of
-    reference labels}), ``fixed_in_reference`` (labels the reference holds constant; compared by value)."""
-    ref = compared_view(reference, name="reference")
+    reference labels}), ``fixed_in_reference`` (labels the reference holds constant; compared by value).
+
+    A reference that fails the health rule judges nothing: ``warn`` (default) says so in a ``UserWarning``
+    naming the failed checks (the table is still made; ``method_scores`` then gives NOT JUDGED, and says why)."""
+    ref = _reference_view(reference, candidates)
     cands = _candidate_views(candidates)
     labels = _compared_labels(ref, var_names)
     health = reference_health(ref)
+    if warn and not health["reliable"]:
+        warnings.warn("scorecard: the reference fails the MCMC health rule (" + "; ".join(health["failures"])
+                      + "), so nothing can be judged against it: the numbers are for information only "
+                      "(method_scores gives NOT JUDGED)", UserWarning, stacklevel=2)
     frames, missing, z_crits = [], {}, {}
     for method, view in cands.items():
         common = [lab for lab in labels if lab in view.draws]
@@ -409,10 +432,79 @@ def _khat(tree: xr.DataTree, kind: str) -> tuple[float, str | None]:
     return (float("nan"), "k-hat not computed") if k is None else (float(k), None)
 
 
+def first_clause(reason: str, limit: int = 150) -> str:
+    """The first clause of a verdict's reasons (what failed, with its number), cut to ``limit`` characters."""
+    depth, end = 0, len(reason)
+    for i, ch in enumerate(reason):  # the first "; " outside parentheses ends the first clause
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and reason.startswith("; ", i):
+            end = i
+            break
+    first = reason[:end].split(". What to change")[0]
+    return first if len(first) <= limit else first[: limit - 1].rstrip() + "…"
+
+
+def verdict_lines(methods: Mapping[str, Mapping[str, str]], health: Mapping | None = None, *,
+                  where: str = "") -> list[str]:
+    """One line per method, ``"<where>/<method>: VERDICT: what failed"`` (the first clause of its reasons; none
+    for a PASS), as ``zoo compare`` prints them, then one line on an unhealthy reference (whose failure NOT JUDGED
+    verdicts do not repeat; a sampler's own mixing they do). ``methods``: method -> {"verdict", "reasons"}
+    (a report's ``summary.json``); ``health``: the reference's health record."""
+    prefix = f"{where}/" if where else ""
+    lines = []
+    for method, v in methods.items():
+        reason = str(v.get("reasons") or "")
+        if v["verdict"] == NOT_JUDGED:
+            reason = reason[reason.index("its own chains"):] if "its own chains" in reason else ""
+        why = f": {first_clause(reason, 200)}" if v["verdict"] != PASS and reason else ""
+        lines.append(f"{prefix}{method}: {v['verdict']}{why}")
+    if health and not health.get("reliable", True):
+        lines.append(f"{where + ': ' if where else ''}reference NOT healthy, nothing judged: "
+                     f"{'; '.join(health['failures'])}")
+    return lines
+
+
+
+class MethodScores(pd.DataFrame):
+    """What ``method_scores`` returns: its DataFrame (every column and pandas operation as before; derived frames
+    are plain DataFrames) whose ``repr`` is the verdict list, one line per method as ``zoo compare`` prints it
+    (``verdict_lines``), with the reference's failure on a last line when it is unhealthy; ``to_string()`` and
+    ``table`` give the columns."""
+
+    @property
+    def _constructor(self):
+        return pd.DataFrame
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """The scores as a plain DataFrame."""
+        return pd.DataFrame(self)
+
+    def lines(self) -> list[str]:
+        """The verdict lines (``verdict_lines``)."""
+        methods = {str(r["method"]): {"verdict": r["verdict"], "reasons": r.get("reasons", "")}
+                   for r in self.to_dict("records")}
+        return verdict_lines(methods, self.attrs.get("reference_health"))
+
+    def __repr__(self) -> str:
+        if not {"method", "verdict"} <= set(self.columns):
+            return super().__repr__()
+        return "\n".join(self.lines())
+
+    def _repr_html_(self) -> str:
+        import html
+
+        if not {"method", "verdict"} <= set(self.columns):
+            return super()._repr_html_()
+        return ("<pre>" + html.escape("\n".join(self.lines())) + "</pre><details><summary>scores (" +
+                f"{len(self.columns)} columns)</summary>{self.table._repr_html_()}</details>")
+
+
 def method_scores(reference: xr.DataTree | ComparedView, candidates: Mapping | xr.DataTree | ComparedView, *,
                   card: pd.DataFrame | None = None, var_names: Sequence[str] | None = None,
-                  joint: bool = True, seed: int = 0) -> pd.DataFrame:
-    """One row per method: how its whole posterior compares with ``reference``, and the verdict.
+                  joint: bool = True, seed: int = 0) -> MethodScores:
+    """One row per method: how its whole posterior compares with ``reference``, and the verdict (a
+    ``MethodScores``: a DataFrame whose ``repr`` is the verdict list).
 
     Columns: ``method``, ``kind``, ``rule`` ("MCSE", "practical", "point"), ``n_draws``, ``n_compared``,
     ``n_missing``, ``missing``, ``max_std_mean_error`` / ``worst_mean_parameter``, ``min_sd_ratio``,
@@ -426,9 +518,9 @@ def method_scores(reference: xr.DataTree | ComparedView, candidates: Mapping | x
     ``card``: a ``scorecard`` of the same arguments, if already computed. ``joint=False`` skips the joint
     metrics (W1, KL, MMD), the only part that costs more than a fraction of a second.
     """
-    ref = compared_view(reference, name="reference")
+    ref = _reference_view(reference, candidates)
     cands = _candidate_views(candidates)
-    card = card if card is not None else scorecard(ref, cands, var_names=var_names)
+    card = card if card is not None else scorecard(ref, cands, var_names=var_names, warn=False)
     health = card.attrs.get("reference_health") or reference_health(ref)
     labels = _compared_labels(ref, var_names)
     rows = []
@@ -471,7 +563,7 @@ def method_scores(reference: xr.DataTree | ComparedView, candidates: Mapping | x
                                  if view.kind == "sampler" and row["run_seconds"] > 0 else float("nan"))
         row["verdict"], row["reasons"] = _verdict(row, sub, health, missing, conv, view, len(labels))
         rows.append(row)
-    out = pd.DataFrame(rows)
+    out = MethodScores(rows)
     out.attrs["reference_health"] = health
     return out
 

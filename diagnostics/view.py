@@ -7,7 +7,8 @@ method scores, the plots and the prior-sensitivity check. Each needs the same th
   ``ModelSpec.summaries`` computes (for hlcr and gp_alps a jitted JAX map over every draw), else the
   posterior itself;
 * their draws, one (chain, draw) array per scalar component, labelled ``name[i,j]`` in C order (the labels
-  ``diagnostics.health`` uses);
+  ``diagnostics.health`` uses), with the user's labels in place of positions where the tree has them
+  (``with_user_labels``: ``mu_sorted[0,Hwt]``; sorted components, grids and pairs stay positional);
 * per scalar: mean, sd, bulk / tail / mean ESS, rank-normalised split R-hat (Vehtari et al. 2021), and the
   Monte Carlo standard errors of the mean and of the sd (ArviZ's ``mcse``: sd / sqrt(ESS_mean), and the
   fourth-moment delta-method error of the sd, which stays honest when a few rare draws carry the spread);
@@ -32,7 +33,7 @@ import pandas as pd
 import xarray as xr
 
 import zoo
-from diagnostics.health import SAMPLE_DIMS, component_labels
+from diagnostics.health import SAMPLE_DIMS, labels_of
 from inference.trees import problem_of
 
 FLOOR_FRACTION = 0.01  # absolute floor of a bounded quantity, as a fraction of its range (module scorecard)
@@ -55,8 +56,57 @@ def compared_posterior(tree: xr.DataTree, spec: zoo.ModelSpec | None = None) -> 
     post = tree["posterior"].to_dataset()
     if spec is not None and spec.summaries is not None:
         _, data, hyper = problem_of(tree)
-        return spec.summaries(post, data, hyper)
-    return post
+        return with_user_labels(spec.summaries(post, data, hyper), post)
+    return with_user_labels(post, post)
+
+
+def with_user_labels(ds: xr.Dataset, post: xr.Dataset) -> xr.Dataset:
+    """``ds`` with the posterior's labels on every dim the two share at the same size (a summary indexes a
+    ``feature`` dim by position; the tree carries the table's column names there): string coordinates, so the
+    labels of ``diagnostics.health.labels_of`` (every verdict, table and plot) read ``mu_sorted[0,Hwt]``. Labels
+    that are positions 0, 1, ... or floats (a grid) are not carried; integer labels become strings."""
+    assign = {}
+    for d in ds.dims:
+        if d in SAMPLE_DIMS or d not in post.coords or post.sizes.get(d) != ds.sizes[d]:
+            continue
+        values = np.asarray(post[d].values)
+        if values.dtype.kind == "f" or _positions(values):
+            continue
+        assign[d] = [str(v) for v in values.tolist()]
+    return ds.assign_coords(assign) if assign else ds
+
+
+def _positions(values: np.ndarray) -> bool:
+    return values.dtype.kind in "iu" and np.array_equal(values, np.arange(len(values)))
+
+
+def carry_user_labels(tree: xr.DataTree, donors) -> xr.DataTree:
+    """``tree`` with the labels that a donor (another fit of the same model, e.g. from a labelled table) has on a
+    posterior dim where ``tree`` has only positions (a reference made on the bare arrays), so that the same
+    quantity has one name in every tree of a comparison. ``donors``: DataTrees or ``ComparedView``s; ``tree``
+    itself is not changed (a copy is returned when anything is carried)."""
+    if not isinstance(tree, xr.DataTree) or "posterior" not in tree.children:
+        return tree
+    post = tree["posterior"].to_dataset()
+    assign = {}
+    for donor in donors:
+        other = donor.tree if isinstance(donor, ComparedView) else donor
+        if not isinstance(other, xr.DataTree) or "posterior" not in other.children or \
+                other.attrs.get("model") != tree.attrs.get("model"):
+            continue
+        theirs_post = other["posterior"]
+        for d in post.dims:
+            if d in SAMPLE_DIMS or d in assign or d not in theirs_post.coords or theirs_post.sizes[d] != post.sizes[d]:
+                continue
+            mine = np.asarray(post[d].values) if d in post.coords else np.arange(post.sizes[d])
+            theirs = np.asarray(theirs_post[d].values)
+            if _positions(mine) and not _positions(theirs) and theirs.dtype.kind != "f":
+                assign[d] = theirs
+    if not assign:
+        return tree
+    out = tree.copy()
+    out["posterior"] = xr.DataTree(post.assign_coords(assign))
+    return out
 
 
 def method_kind(tree: xr.DataTree) -> str:
@@ -84,7 +134,7 @@ def per_scalar_draws(ds: xr.Dataset, var_names: Sequence[str] | None = None) -> 
             raise ValueError(f"var_names: {name!r} is not in the compared posterior (has {list(ds.data_vars)})")
         values = np.asarray(ds[name].transpose(*SAMPLE_DIMS, ...).values, dtype=float)
         flat = values.reshape(values.shape[0], values.shape[1], -1)
-        for j, label in enumerate(component_labels(name, values.shape[2:])):
+        for j, label in enumerate(labels_of(ds[name], name)):
             out[label] = flat[:, :, j]
     return out
 

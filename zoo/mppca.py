@@ -256,7 +256,8 @@ def _arr(posterior, name):
 
 def summaries(posterior, data, hyper):
     """Components sorted by the first coordinate of their mean: ``mu_sorted`` (rank, feature),
-    ``omega_sorted``, ``C_sorted`` = upper triangle of Lambda_k Lambda_k^T + tau^-1 I (rank, entry), ``tau``."""
+    ``omega_sorted``, ``C_sorted`` = upper triangle of Lambda_k Lambda_k^T + tau^-1 I (rank, entry; an entry is
+    named by its two features, ``"Bwt,Hwt"``, or their positions ``"0,1"``), ``tau``."""
     mu, Wt = _arr(posterior, "mu"), _arr(posterior, "Wt")
     if mu.ndim == 3:                                                   # ppca: one component
         mu, Wt = mu[:, :, None], Wt[:, :, None]
@@ -270,9 +271,11 @@ def summaries(posterior, data, hyper):
            "tau": (("chain", "draw"), tau)}
     if "omega" in posterior:
         out["omega_sorted"] = (("chain", "draw", "rank"), take(_arr(posterior, "omega")))
+    names = ([str(v) for v in posterior["feature"].values] if "feature" in posterior.coords
+             else [str(i) for i in range(mu.shape[-1])])
     coords = {"chain": posterior["chain"].values, "draw": posterior["draw"].values,
               "rank": np.arange(mu.shape[2]), "feature": np.arange(mu.shape[-1]),
-              "entry": [f"{i},{j}" for i, j in zip(*iu, strict=True)]}
+              "entry": [f"{names[i]},{names[j]}" for i, j in zip(*iu, strict=True)]}  # C_sorted[k,Bwt,Hwt]
     return xr.Dataset(out, coords=coords)
 
 

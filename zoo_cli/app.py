@@ -195,7 +195,8 @@ def fit(
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="KEY=VALUE: an option of the method or a hyperparameter, e.g. --set num_samples=500 "
                       "--set K=4. Repeatable.")] = None,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    progress: Annotated[bool | None, typer.Option(
+        "--progress/--no-progress", help="Show a progress bar (default: only when stderr is a terminal).")] = None,
     device: DeviceOption = None,
 ) -> None:
     """Fit MODEL with one method and save the ArviZ DataTree to --out (without --data: the simulator's default
@@ -203,12 +204,14 @@ def fit(
     coordinates."""
     _setup(device)
     import inference
+    from inference.progress import explained_warnings
 
     spec = _spec(model)
     options = {"progress": progress, **_parse_sets(set_ or [])}
     values, table = _load_data(data, spec, column, dropna)
     try:
-        tree = inference.fit(spec, values, method, seed=seed, **table, **options)
+        with explained_warnings(typer.echo):
+            tree = inference.fit(spec, values, method, seed=seed, **table, **options)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     except inference.NonFiniteError as exc:
@@ -278,6 +281,7 @@ def compare(
     from diagnostics.compare import compare as compare_on_data
     from diagnostics.compare import run_comparison, write_comparison
     from inference import methods_for
+    from inference.progress import explained_warnings
 
     spec = _spec(model)
     chosen = [m.strip() for m in methods.split(",") if m.strip()] or methods_for(spec)
@@ -298,12 +302,13 @@ def compare(
     if column or dropna or set_ or reference or cache_dir or fresh_reference:
         raise typer.BadParameter("--column, --dropna, --set, --reference, --cache-dir and --fresh-reference go "
                                  "with --data (your own data)", param_hint="--data")
-    try:  # every method and option is validated before the first fit
-        trees = run_comparison(spec, chosen, out, seed=seed, fresh=fresh, log=typer.echo)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--methods" if str(exc).startswith("method:") else None
-                                 ) from None
-    typer.echo(f"comparison written to {write_comparison(spec, trees, out, log=typer.echo)}")
+    with explained_warnings(typer.echo):
+        try:  # every method and option is validated before the first fit
+            trees = run_comparison(spec, chosen, out, seed=seed, fresh=fresh, log=typer.echo)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--methods" if str(exc).startswith("method:") else None
+                                     ) from None
+        typer.echo(f"comparison written to {write_comparison(spec, trees, out, log=typer.echo)}")
 
 
 @app.command()
@@ -425,7 +430,7 @@ def references(
                 continue
             typer.echo(f"{label}: generating ({why or '--force'})")
             try:
-                tree = refs.generate(name, data, tag=tag, progress=True, log=typer.echo, **options)
+                tree = refs.generate(name, data, tag=tag, progress=None, log=typer.echo, **options)
             except refs.UnhealthyReference as exc:
                 typer.echo(f"{label}: REFUSED. {exc}", err=True)
                 refused.append(label)

@@ -1,0 +1,131 @@
+"""Issue 29, items 3-5: the user's names in every verdict, table and plot; Python results that speak (the reprs
+of ``compare`` and ``method_scores``, the scorecard's warning on an unhealthy reference, tolerance columns in the
+units of the method's rule); quiet off a terminal (no progress bar, warnings a user cannot act on said once).
+
+Cheap data throughout: the Gaussian toys of ``diag_toys`` (closed-form posteriors, iid "exact" draws) and hand-made
+trees; the command-line run is the conjugate toy of ``test_spine`` in a subprocess whose stderr is a pipe."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from diag_toys import LINREG
+
+import diagnostics
+import inference
+import zoo
+from diagnostics.scorecard import NOT_JUDGED, SD_RATIO_RANGE, MethodScores, method_scores
+from inference.progress import explained_warnings
+
+
+@pytest.fixture(scope="module", autouse=True)
+def toys():
+    zoo.register(LINREG, replace=True)
+    yield
+    zoo.unregister(LINREG.name)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return LINREG.default_data()[0]
+
+
+@pytest.fixture(scope="module")
+def reference(data):
+    return inference.fit("dq_linreg", data, "exact", seed=1, num_samples=1000, num_chains=4)
+
+
+@pytest.fixture(scope="module")
+def fits(data):
+    return {"exact_q": inference.fit("dq_linreg", data, "exact_q", seed=2),
+            "narrow": inference.fit("dq_linreg", data, "narrow", seed=4, factor=0.5, num_samples=4000)}
+
+
+def test_method_scores_repr_is_the_verdict_list_and_the_table_stays_a_dataframe(reference, fits):
+    scores = method_scores(reference, fits, joint=False)
+    text = repr(scores)
+    lines = text.splitlines()
+    assert lines[0] == "exact_q: PASS" and len(lines) == 2, text
+    assert lines[1].startswith("narrow: FAIL: too narrow: sd of beta[") and "x the reference's" in lines[1], text
+    assert scores._repr_html_().startswith("<pre>exact_q: PASS\nnarrow: FAIL: too narrow")
+    # still the DataFrame every caller uses: columns, .loc, set_index, to_csv
+    assert isinstance(scores, MethodScores) and list(scores["verdict"]) == ["PASS", "FAIL"]
+    indexed = scores.set_index("method")
+    assert indexed.loc["narrow", "verdict"] == "FAIL" and "max_std_mean_error" in indexed.columns
+    assert "max_std_mean_error" in scores.to_string() and type(scores.table) is pd.DataFrame
+    assert type(scores[scores["verdict"] == "FAIL"]) is pd.DataFrame     # derived frames are plain DataFrames
+
+
+def test_scorecard_warns_naming_the_failed_check_when_its_reference_is_unhealthy(data, fits):
+    two_chains = inference.fit("dq_linreg", data, "exact", seed=8, num_samples=3000, num_chains=2)
+    with pytest.warns(UserWarning, match=r"health rule \(2 chains \(need at least 4\)"):
+        card = diagnostics.scorecard(two_chains, {"exact_q": fits["exact_q"]})
+    assert not card["reliable"].any()
+    scores = method_scores(two_chains, {"exact_q": fits["exact_q"]}, card=card, joint=False)
+    assert scores.loc[0, "verdict"] == NOT_JUDGED
+    assert repr(scores).splitlines()[-1] == "reference NOT healthy, nothing judged: 2 chains (need at least 4)"
+
+
+def test_a_healthy_reference_gives_no_warning(reference, fits):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        diagnostics.scorecard(reference, fits)
+
+
+def test_tolerance_columns_are_the_rule_of_the_methods_kind(reference, fits):
+    """An approximation's sd rule is the ratio range 0.8-1.25: ``sd_tol`` is the |sd - sd_ref| it allows on the
+    side the method is on (0.2 sd_ref below, 0.25 sd_ref above), not the 1e-9 float floor; a sampler's is
+    z_crit combined Monte Carlo errors of the sd."""
+    card = diagnostics.scorecard(reference, {**fits, "ref_again": reference})
+    lo, hi = SD_RATIO_RANGE
+    approx = card[card["rule"] == "practical"]
+    below = approx["sd"] < approx["sd_ref"]
+    expected = np.where(below, (1 - lo) * approx["sd_ref"], (hi - 1) * approx["sd_ref"])
+    np.testing.assert_allclose(approx["sd_tol"], expected, rtol=1e-12)
+    assert (approx["sd_tol"] > 1e-3).all()
+    assert (approx["sd_ok"] == ((approx["sd"] - approx["sd_ref"]).abs() <= approx["sd_tol"])).all()
+    mcse = card[card["rule"] == "MCSE"]
+    z_crit = card.attrs["z_critical"]["ref_again"]
+    assert (mcse["sd_tol"] <= z_crit * np.sqrt(2) * mcse["sd_ref"]).all()   # of order an MCSE, not of the sd
+
+
+def test_explained_warnings_says_once_what_a_warning_nobody_can_act_on_means_and_keeps_the_others():
+    said = []
+    with pytest.warns(RuntimeWarning, match="act on this") as record:
+        with explained_warnings(said.append):
+            for _ in range(3):
+                warnings.warn("Out-of-support values provided to log prob method. The value argument should be "
+                              "within the support.", UserWarning, stacklevel=1)
+            warnings.warn("act on this", RuntimeWarning, stacklevel=1)
+    assert not [w for w in record if "Out-of-support" in str(w.message)]
+    assert len(said) == 1 and "Out-of-support" not in said[0] and "outside its distribution's support" in said[0]
+    assert "nothing to change" in said[0]
+
+
+DRIVER = ("import sys; sys.path.insert(0, 'tests'); import test_spine, zoo; "
+          "zoo.register(test_spine.SPEC, replace=True); from zoo_cli import app; app(prog_name='zoo')")
+
+
+def test_zoo_compare_off_a_terminal_prints_no_progress_bar_and_no_unexplained_warning(tmp_path):
+    """``zoo compare --data`` with stderr a pipe (as under cron, CI or a notebook's subprocess): the NUTS reference
+    and its second seed, the method and the report print their lines and verdicts, and nothing on stderr."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path / "toy.csv"
+    pd.DataFrame({"y": np.random.default_rng(0).normal(0.7, 1.0, 30)}).to_csv(path, index=False)
+    args = ["compare", "toy_normal", "--data", str(path), "--methods", "exact", "--out", str(tmp_path / "out"),
+            "--cache-dir", str(tmp_path / "cache"), "--reference", "num_warmup=300", "--reference", "num_samples=1000"]
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", DRIVER, *args], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "toy_normal/exact: " in run.stdout and "comparison written to" in run.stdout
+    assert "it/s" not in run.stderr and "%|" not in run.stderr, run.stderr[-2000:]   # tqdm's bars
+    assert "Warning" not in run.stderr and "warn" not in run.stderr.lower(), run.stderr[-2000:]
