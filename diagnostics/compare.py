@@ -43,6 +43,7 @@ from diagnostics.realdata import real_methods, real_sections
 from diagnostics.report import SUMMARY, report, report_index, verdict_lines
 from inference.api import read_data, resolve
 from inference.progress import explained_warnings
+from zoo._validation import validate_hyper
 
 Log = Callable[[str], None]
 
@@ -67,22 +68,55 @@ def comparison_data(spec: zoo.ModelSpec) -> tuple[dict, str | None]:
 
 def run_comparison(spec: zoo.ModelSpec | str, methods: Sequence[str], out: Path, *, seed: int = 0,
                    fresh: bool = False, progress: bool | None = None, log: Log = print) -> dict[str, xr.DataTree]:
-    """Fit ``methods`` on ``comparison_data(spec)`` with the spec's demo options and return ``{label: tree}``,
-    the stored reference first (label ``"reference (stored NUTS)"``) when it matches the data.
+    """Fit ``methods`` on ``comparison_data(spec)`` and return ``{label: tree}``, the stored reference first
+    (label ``"reference (stored NUTS)"``) when it matches the data.
 
-    Every fit is validated (``inference.prepare``) before the first one runs: a bad method or option is a
-    ``ValueError`` naming it, with nothing fitted. Each tree goes to ``out/<model>/<method>.nc`` and is reused
-    on a rerun when seed, options and data match (unless ``fresh``)."""
+    Every method gets the hyperparameters of that stored reference (``inference.trees.problem_of``; without
+    one, the model's defaults), so that all of them approximate the reference's posterior, and the method
+    options of the spec's ``demo_options`` (their hyperparameters dropped). Every fit is validated
+    (``inference.prepare``) before the first one runs: a bad method or option is a ``ValueError`` naming it,
+    with nothing fitted. Each tree goes to ``out/<model>/<method>.nc`` and is reused on a rerun when seed,
+    options and data match (unless ``fresh``)."""
+    from inference.trees import problem_of
+
     spec = zoo.get(spec)
     data, tag = comparison_data(spec)
-    prepared = {m: inference.prepare(spec, data, m, seed=seed, progress=progress,
-                                     **spec.demo_options.get(m, {})) for m in methods}
-    trees = fit_prepared_methods(spec, prepared, {m: dict(spec.demo_options.get(m, {})) for m in methods},
-                                 Path(out) / spec.name, seed=seed, fresh=fresh, log=log)
     reference = references.load(spec.name, data, tag=tag) if tag is not None else None
+    hyper = problem_of(reference)[2] if reference is not None else spec.default_hyper
+    options = {m: method_options(spec, m, hyper) for m in methods}
+    prepared = {m: inference.prepare(spec, data, m, seed=seed, progress=progress, **options[m]) for m in methods}
+    trees = fit_prepared_methods(spec, prepared, options, Path(out) / spec.name, seed=seed, fresh=fresh, log=log)
     if reference is not None:
         trees = {"reference (stored NUTS)": reference, **trees}
     return trees
+
+
+def method_options(spec: zoo.ModelSpec, method: str, hyper: Mapping[str, Any],
+                   options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The options ``method`` is fitted with in a comparison: the spec's ``demo_options`` of the method without
+    their hyperparameters, then ``hyper`` (the one set every method and the reference share), then
+    ``options``."""
+    demo = {k: v for k, v in spec.demo_options.get(method, {}).items() if k not in spec.hyperparameters}
+    return {**demo, **dict(hyper), **dict(options or {})}
+
+
+def hyper_advice(spec: zoo.ModelSpec, given: Mapping[str, Any], call: Callable[[], Any]) -> Any:
+    """``call()``; a ``ValueError`` that names a hyperparameter (``"q: expected ..."``, e.g. the model's check of
+    it against the data) is raised again saying what to do: set another value with ``hyper={'q': VALUE}``
+    (``--set q=VALUE`` on the command line), or, when it was set, leave it out for the model's default."""
+    try:
+        return call()
+    except ValueError as exc:
+        text = str(exc)
+        name = text.split(":", 1)[0].strip()
+        if name not in spec.hyperparameters or "hyper={" in text:
+            raise
+        h = spec.hyperparameters[name]
+        what = (f"you set {name}={given[name]!r}; set another value" if name in given else
+                f"the model's default is {h.default!r}; set a value that fits your data")
+        tail = f", or leave {name} out for the model's default {h.default!r}" if name in given else ""
+        raise ValueError(f"{text}. {name} is a hyperparameter ({h.doc}): {what} with hyper={{{name!r}: VALUE}} "
+                         f"(command line: --set {name}=VALUE){tail}") from None
 
 
 def fit_prepared_methods(spec: zoo.ModelSpec, prepared: Mapping[str, inference.Prepared],
@@ -389,8 +423,9 @@ def own_reference(spec: zoo.ModelSpec | str, data: Mapping[str, Any], *, setting
 @dataclasses.dataclass(frozen=True)
 class ComparisonPlan:
     """A checked comparison, nothing run yet (``plan_comparison``): the model, the validated data arrays, the
-    reference's NUTS settings and hyperparameters (``settings``), whether the caller chose NUTS settings of its
-    own (then no stored reference serves), each method's options and its prepared fit, and the seed."""
+    reference's NUTS settings and the hyperparameters given (``settings``; the others are the model's defaults),
+    whether the caller chose NUTS settings of its own (then no stored reference serves), each method's options
+    and its prepared fit, and the seed."""
 
     spec: zoo.ModelSpec
     data: dict
@@ -406,8 +441,15 @@ def plan_comparison(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str
                     hyper: Mapping[str, Any] | None = None, options: Mapping[str, Mapping[str, Any]] | None = None,
                     reference: Mapping[str, Any] | None = None, progress: bool | None = None) -> ComparisonPlan:
     """Every check of ``compare`` (its arguments, see there), nothing run: ``ValueError`` naming the first bad
-    argument, method, option or column. Each method's options: the model's ``demo_options`` without their
-    hyperparameters, the reference's hyperparameters, then ``options[method]``."""
+    argument, method, option or column.
+
+    One set of hyperparameters serves the reference and every method: the model's ``Hyper`` defaults (presets
+    applied, ``zoo._validation.validate_hyper``) under ``hyper``, exactly what ``inference.fit`` uses on these
+    data; a default the model derives from the data (ppca's ``q=None``: d - 1) is derived by the model in every
+    fit alike. The reference's NUTS options are ``references.reference_settings`` under ``reference``; each
+    method's options (``method_options``) its ``demo_options`` without their hyperparameters, the hyperparameters,
+    then ``options[method]``. A stored reference serves only when its data and hyperparameters are these
+    (``stored_reference``)."""
     spec = zoo.get(model)
     chosen = list(methods) if methods else inference.methods_for(spec)
     hyper, options, reference = dict(hyper or {}), dict(options or {}), dict(reference or {})
@@ -419,17 +461,21 @@ def plan_comparison(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str
         if key in spec.hyperparameters:
             raise ValueError(f"reference: {key!r} is a hyperparameter; give it in hyper=, which the reference and "
                              f"every method share")
-    for key in options:
+    for key, opts in options.items():
         if key not in chosen:
             raise ValueError(f"options: {key!r} is not one of the compared methods {chosen}")
+        shared = sorted(k for k in opts if k in spec.hyperparameters)
+        if shared:
+            raise ValueError(f"options: {shared} of {key!r} are hyperparameters; give them in hyper=, which the "
+                             f"reference and every method share")
+    model_hyper = validate_hyper(spec, hyper)             # the defaults of inference.fit, under the given ones
     table = read_data(spec, data, columns, dropna)
-    settings = references.reference_settings(spec.name, **reference, **hyper)
+    settings = references.reference_settings(spec.name, **reference, **hyper)   # the rest: the defaults
     resolve(spec, "nuts", settings)                       # the reference's options, checked before any run
-    ref_hyper = {k: v for k, v in settings.items() if k in spec.hyperparameters}
-    per_method = {m: {**{k: v for k, v in spec.demo_options.get(m, {}).items() if k not in spec.hyperparameters},
-                      **ref_hyper, **options.get(m, {})} for m in chosen}
-    prepared = {m: inference.prepare(spec, data, m, seed=seed, columns=columns, dropna=dropna, progress=progress,
-                                     **per_method[m]) for m in chosen}
+    per_method = {m: method_options(spec, m, model_hyper, options.get(m)) for m in chosen}
+    prepared = {m: hyper_advice(spec, hyper, lambda m=m: inference.prepare(
+        spec, data, m, seed=seed, columns=columns, dropna=dropna, progress=progress, **per_method[m]))
+        for m in chosen}
     return ComparisonPlan(spec, table.data, settings, bool(reference), per_method, prepared, seed)
 
 
@@ -478,9 +524,10 @@ def compare(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str] | None
     model, data:   a model name and a pandas DataFrame (read with ``columns``/``dropna``, as ``inference.fit``)
                    or a dict of arrays.
     methods:       default: every method of the model.
-    hyper:         hyperparameters, the same for the reference and every method (default: the model's
-                   ``reference_options``).
-    options:       per-method options over the model's ``demo_options``: ``{"gibbs": {"num_samples": 4000}}``.
+    hyper:         hyperparameters, the same for the reference and every method; unset ones are the model's
+                   defaults (``zoo show MODEL``), as for ``inference.fit``.
+    options:       per-method options (no hyperparameters) over the model's ``demo_options``:
+                   ``{"gibbs": {"num_samples": 4000}}``.
     reference:     NUTS options of the reference over ``references.reference_settings`` (4 chains, ...); given,
                    a reference is made with exactly these (no stored reference serves).
     crosscheck:    True: the model's exact cross-check sampler as for the stored references; None: none.
@@ -550,8 +597,9 @@ def sensitivity_report(model: zoo.ModelSpec | str, data: Any, method: str = "nut
                        columns: Mapping[str, Any] | None = None, dropna: bool = False, seed: int = 0,
                        hyper: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
                        fresh: bool = False, progress: bool | None = None, log: Log = print) -> Path:
-    """Prior sensitivity on your own data: fit ``method`` (the model's demo options, then ``hyper`` and
-    ``options``) on ``data`` (a DataFrame read with ``columns``/``dropna``, or a dict) and write the power-scaling
+    """Prior sensitivity on your own data: fit ``method`` (its ``demo_options`` without their hyperparameters,
+    then ``hyper`` and ``options``; unset hyperparameters are the model's defaults, as for ``inference.fit``) on
+    ``data`` (a DataFrame read with ``columns``/``dropna``, or a dict) and write the power-scaling
     page ``out/<model>/sensitivity/sensitivity.html`` (``diagnostics.report.sensitivity_page``: table, plots,
     Pareto k-hat flags). ``prior_sites`` scales only those prior sites (selective power-scaling). The fit is
     saved beside the page and reused by a rerun with the same data and options (unless ``fresh``). Every
@@ -559,7 +607,12 @@ def sensitivity_report(model: zoo.ModelSpec | str, data: Any, method: str = "nut
     from diagnostics.report import sensitivity_page
 
     spec = zoo.get(model)
-    opts = {**spec.demo_options.get(method, {}), **dict(hyper or {}), **dict(options or {})}
+    for key in hyper or {}:
+        if key not in spec.hyperparameters:
+            raise ValueError(f"hyper: {key!r} is not a hyperparameter of {spec.name!r} "
+                             f"(hyperparameters: {sorted(spec.hyperparameters)})")
+    opts = method_options(spec, method, hyper or {}, options)
+    given = {k: v for k, v in opts.items() if k in spec.hyperparameters}
     if prior_sites is not None:                 # checked on the validated data before prepare makes any key
         _, _, model_hyper, _ = resolve(spec, method, opts)
         known = prior_sites_of(spec, read_data(spec, data, columns, dropna).data, model_hyper)
@@ -567,8 +620,8 @@ def sensitivity_report(model: zoo.ModelSpec | str, data: Any, method: str = "nut
         if bad or not prior_sites:
             raise ValueError(f"prior_sites: {bad or 'an empty list'} not among the prior sites of {spec.name!r} "
                              f"({known})")
-    prepared = inference.prepare(spec, data, method, seed=seed, columns=columns, dropna=dropna, progress=progress,
-                                 **opts)
+    prepared = hyper_advice(spec, given, lambda: inference.prepare(
+        spec, data, method, seed=seed, columns=columns, dropna=dropna, progress=progress, **opts))
     folder = Path(out) / spec.name / "sensitivity"
     tree = fit_prepared_methods(spec, {method: prepared}, {method: opts}, folder, seed=seed, fresh=fresh,
                                 log=log)[method]

@@ -147,11 +147,15 @@ def _thin(tree: xr.DataTree, max_draws: int) -> xr.DataTree:
 
 
 def reference_settings(name: str, **options: Any) -> dict[str, Any]:
-    """The NUTS options and hyperparameters of ``name``'s reference: ``DEFAULT_NUTS`` < ``spec.reference_options``
-    < ``options``. Raises ``ValueError`` for NUTS thinning (a reference is thinned after the run, so that its
-    divergences are counted on every iteration)."""
+    """The NUTS options and hyperparameters of a reference of ``name``: ``DEFAULT_NUTS`` < the NUTS options of
+    ``spec.reference_options`` < ``options``. Hyperparameters come from ``options`` only (unset ones are the
+    model's ``Hyper`` defaults, as for ``inference.fit``): those in ``spec.reference_options`` belong to the stored
+    reference of the model's own data, which ``make references`` passes explicitly (``ModelSpec.reference_sets``),
+    and never reach a reference made on other data. Raises ``ValueError`` for NUTS thinning (a reference is
+    thinned after the run, so that its divergences are counted on every iteration)."""
     spec = zoo.get(name)
-    opts = {**DEFAULT_NUTS, **spec.reference_options, **options}
+    nuts = {k: v for k, v in spec.reference_options.items() if k not in spec.hyperparameters}
+    opts = {**DEFAULT_NUTS, **nuts, **options}
     if opts.get("thinning", 1) != 1:
         raise ValueError(f"thinning: a reference runs unthinned and keeps {MAX_DRAWS} evenly spaced draws; got "
                          f"thinning={opts['thinning']!r} (drop it, raise num_samples instead)")

@@ -220,6 +220,64 @@ def _legend() -> str:
     return f"<dl class='legend'>{items}</dl>"
 
 
+def _recorded_hyper(tree) -> dict | None:
+    """The hyperparameters a tree was fitted with (``inference.trees.problem_of``: its record over the model's
+    defaults), as JSON values; None when the tree records no model (a hand-made tree)."""
+    from inference.trees import problem_of
+
+    try:
+        _, _, hyper = problem_of(getattr(tree, "tree", tree))    # a compared view holds its tree
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return json.loads(json.dumps(hyper, default=repr))
+
+
+def _hyper_text(value) -> str:
+    return "None" if value is None else repr(value)
+
+
+def hyperparameter_table(spec: zoo.ModelSpec, trees: Mapping[str, xr.DataTree]) -> tuple[str, dict]:
+    """(HTML, summary) of the hyperparameters (the prior) each fit used, read from the trees: one row per
+    hyperparameter with its value, whether it is the model's default (``zoo show MODEL``) and its meaning (which
+    states how a default of None is derived from the data). When the fits disagree, a column per fit and a
+    warning naming the hyperparameters that differ: such fits approximate different posteriors. The summary:
+    ``{"values": {name: value}, "differ": [names], "fits": {label: {name: value}}}`` (values of the first fit
+    that records them)."""
+    recorded = {label: _recorded_hyper(tree) for label, tree in trees.items()}
+    known = {label: h for label, h in recorded.items() if h is not None}
+    if not known:
+        return "<p class='muted'>None of the fits records its hyperparameters.</p>", {}
+    names = list(spec.hyperparameters) + sorted({k for h in known.values() for k in h} - set(spec.hyperparameters))
+    default = json.loads(json.dumps(spec.default_hyper, default=repr))
+    differ = [k for k in names if len({json.dumps(h.get(k), sort_keys=True) for h in known.values()}) > 1]
+    first = next(iter(known.values()))
+    rows = []
+    for k in names:
+        doc = spec.hyperparameters[k].doc if k in spec.hyperparameters else ""
+        row = {"hyperparameter": k}
+        if differ:
+            row.update({label: _hyper_text(h.get(k)) for label, h in known.items()})
+            row["model default"] = _hyper_text(default.get(k))
+        else:
+            row["value"] = _hyper_text(first.get(k))
+            row["default"] = ("yes" if first.get(k) == default.get(k) else
+                              f"no (default {_hyper_text(default.get(k))})")
+        row["meaning"] = doc
+        rows.append(row)
+    unrecorded = [label for label, h in recorded.items() if h is None]
+    words = ("<p>The hyperparameters, and so the prior, every fit on this page used (from each tree's record; "
+             "<code>zoo show " + _esc(spec.name) + "</code> lists the defaults, a default of None is derived "
+             "from the data as its meaning says).</p>")
+    if differ:
+        words += ("<p class='error'>The fits do NOT share their hyperparameters: " + _esc(", ".join(differ))
+                  + " differ, so they approximate different posteriors and their comparison measures that "
+                  "difference too.</p>")
+    if unrecorded:
+        words += f"<p class='muted'>Not recorded by: {_esc(', '.join(unrecorded))}.</p>"
+    table = _table(pd.DataFrame(rows), text_cols=("meaning",))
+    return words + table, {"values": first, "differ": differ, "fits": known}
+
+
 def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir: str | os.PathLike, *,
            reference: str | None = None, sbc_results: Sequence = (), var_names: Sequence[str] | None = None,
            sensitivity_of: str | None = None, data_note: str | None = None, index_link: str = "../index.html"
@@ -306,6 +364,10 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
                 words += ("<p>What to try:</p><ul class='advice'>"
                           + "".join(f"<li>{_esc(a)}</li>" for a in health["advice"]) + "</ul>")
         sections.append(("reference", "The MCMC reference", words + _table(hdf)))
+
+    # --- the hyperparameters (the prior) of every fit
+    hyper_html, summary["hyperparameters"] = hyperparameter_table(spec, trees)
+    sections.append(("hyperparameters", "Hyperparameters and prior", hyper_html))
 
     # --- per-method table
     if scores is not None:
@@ -468,13 +530,15 @@ def sensitivity_page(tree, out_dir: str | os.PathLike, *, label: str | None = No
     spec = view.spec
     label = label or view.name
     body, summary, table = sensitivity_section(view, label, out_dir, var_names=var_names, prior_sites=prior_sites)
+    hyper_html, hyper = hyperparameter_table(spec, {label: view.tree}) if spec is not None else ("", {})
     if table is not None:
         table.to_csv(out_dir / "sensitivity.csv", index_label="quantity")
     name = spec.name if spec is not None else str(view.tree.attrs.get("model", "model"))
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     head = (f"<h1>{_esc(name)}: prior sensitivity</h1>"
             + (f"<p class='lead'>{_esc(spec.description or spec.paper)}</p>" if spec is not None else "")
-            + f"<p class='muted'>Fit: {_esc(label)}. Generated {stamp}.</p>")
+            + f"<p class='muted'>Fit: {_esc(label)}. Generated {stamp}. The prior it measures: "
+            "<a href='#hyperparameters'>hyperparameters</a>.</p>")
     reading = ("<p>Each prior (or the likelihood) is raised to a power near 1 and the draws are re-weighted by "
                "importance sampling, nothing refitted; <i>prior</i> and <i>likelihood</i> are how fast each "
                "quantity's distribution moves (cumulative Jensen-Shannon distance per log2 of the power). Both "
@@ -482,8 +546,10 @@ def sensitivity_page(tree, out_dir: str | os.PathLike, *, label: str | None = No
                "of the importance weights says whether the re-weighting can be trusted (<= 0.7).</p>")
     page = out_dir / SENSITIVITY_PAGE
     _write(page, _html(f"bayes-zoo: {name} prior sensitivity",
-                       head + f"<section id='sensitivity'><h2>Prior sensitivity</h2>{reading}{body}</section>"))
-    _write(out_dir / "sensitivity.json", json.dumps(summary or {"failed": True}, indent=1, default=_json_default))
+                       head + f"<section id='sensitivity'><h2>Prior sensitivity</h2>{reading}{body}</section>"
+                       + f"<section id='hyperparameters'><h2>Hyperparameters and prior</h2>{hyper_html}</section>"))
+    _write(out_dir / "sensitivity.json", json.dumps({**(summary or {"failed": True}), "hyperparameters": hyper},
+                                                    indent=1, default=_json_default))
     return page
 
 

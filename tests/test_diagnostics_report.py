@@ -113,8 +113,8 @@ def test_model_page_has_every_section_non_empty_tables_and_valid_pngs(built):
     _, page_path = built
     assert page_path.name == "report.html"
     page = check_page(page_path)
-    assert page.sections == ["verdict", "reference", "methods", "scorecard", "plots", "sensitivity", "sbc",
-                             "glossary"]
+    assert page.sections == ["verdict", "reference", "hyperparameters", "methods", "scorecard", "plots",
+                             "sensitivity", "sbc", "glossary"]
     names = {Path(src).name for src in page.images}
     assert {"marginals.png", "forest.png", "traces.png", "sensitivity.png"} <= names
     assert any(n.startswith("sbc_") for n in names)

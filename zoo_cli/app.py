@@ -169,9 +169,16 @@ def show(model: Annotated[str, typer.Argument(help="Model name (see `zoo list`).
             typer.echo(f"  {ds_name:10s} {ds.source}; {ds.size_text()}")
             typer.echo(f"  {'':10s} {ds.description}")
             typer.echo(f"  {'':10s} hyperparameters: {dict(ds.hyper)}; licence: {ds.licence}")
-    typer.echo("\nhyperparameters (options of fit):")
+    typer.echo("\nhyperparameters (the prior; the same defaults for fit, compare --data and sensitivity, changed "
+               "with --set NAME=VALUE, in Python a keyword of fit or hyper={NAME: VALUE}; a default of None is "
+               "derived from the data as its meaning says, the same way in every command):")
     for k, h in spec.hyperparameters.items():
         typer.echo(f"  {k:10s} default {h.default!r:10s} {h.constraint:12s} {h.doc}")
+    own = {k: v for k, v in spec.reference_options.items()
+           if k in spec.hyperparameters and v != spec.hyperparameters[k].default}
+    if own:
+        typer.echo(f"  (zoo compare {spec.name} without --data and zoo demo fit the stored reference's data with its "
+                   f"own hyperparameters: {', '.join(f'{k}={v!r}' for k, v in own.items())})")
     typer.echo("\nmethods and their options (default, constraint, meaning):")
     for m in methods_for(spec):
         meth = get_method(spec, m)
@@ -238,7 +245,8 @@ def compare(
     dropna: DropnaOption = False,
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="With --data: KEY=VALUE, a hyperparameter shared by the reference and every method, e.g. "
-                      "--set K=2 --set sigma=1.0. Repeatable.")] = None,
+                      "--set K=2 --set sigma=1.0; unset ones are the model's defaults, as for `zoo fit` (`zoo show "
+                      "MODEL`). Repeatable.")] = None,
     reference: Annotated[list[str] | None, typer.Option(
         "--reference", help="With --data: KEY=VALUE, a NUTS option of the reference made on your data, e.g. "
                             "--reference num_samples=4000 --reference dense_mass=True. Repeatable.")] = None,
@@ -323,7 +331,8 @@ def sensitivity(
     column: ColumnOption = None,
     dropna: DropnaOption = False,
     set_: Annotated[list[str] | None, typer.Option(
-        "--set", help="KEY=VALUE: an option of the method or a hyperparameter. Repeatable.")] = None,
+        "--set", help="KEY=VALUE: an option of the method or a hyperparameter (unset ones are the model's defaults, "
+                      "as for `zoo fit`; `zoo show MODEL`). Repeatable.")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path("zoo-sensitivity"),
     seed: Annotated[int, typer.Option(help="Random seed of the fit.")] = 0,
     fresh: Annotated[bool, typer.Option(help="Refit even when a matching fit exists in --out.")] = False,
