@@ -66,15 +66,16 @@ def component_labels(name: str, shape: tuple[int, ...], entries: list[list[str]]
 def dim_entries(da: xr.DataArray) -> list[list[str]]:
     """Per non-sample dim of ``da``, in order, the names of its entries in labels: the values of a coordinate of
     strings (the user's column or group names, which ``diagnostics.view.compared_posterior`` carries onto the
-    summaries, or entries a summary names itself), else the positions 0, 1, ... (numeric coordinates: positions,
-    grids, draws' own indices)."""
+    summaries, or entries a summary names itself), each distinct, else the positions 0, 1, ... (numeric
+    coordinates: positions, grids, draws' own indices)."""
     out = []
     for d in da.dims:
         if d in SAMPLE_DIMS:
             continue
         coord = da.coords.get(d)
         values = None if coord is None else coord.values.tolist()
-        if values is not None and coord.dtype.kind in "USO" and all(isinstance(v, str) for v in values):
+        if values is not None and coord.dtype.kind in "USO" and all(isinstance(v, str) for v in values) \
+                and len(set(values)) == len(values):
             out.append(values)
         else:
             out.append([str(i) for i in range(da.sizes[d])])

@@ -261,7 +261,7 @@ def plot_sensitivity(tree: xr.DataTree | ComparedView, path: str | os.PathLike |
 
     _mpl()
     data = _analysis_tree(tree)
-    post = _positional(data["posterior"].to_dataset())
+    post = _positional(data["posterior"].to_dataset(), keep_labels=True)
     names = [k for k in (var_names or post.data_vars) if np.issubdtype(post[k].dtype, np.floating)]
     post, constant = _varying_entries(post[names])
     names = [k for k in names if k in post.data_vars]
@@ -297,13 +297,31 @@ def plot_sensitivity(tree: xr.DataTree | ComparedView, path: str | os.PathLike |
     data["posterior"] = xr.DataTree(post)
     rows = min(count, max_panels)
     pc = azp.plot_psense_dist(data, var_names=chosen, prior_var_names=list(prior_sites) if prior_sites else None,
-                              figure_kwargs={"figsize": (10, 0.8 + 2.5 * rows)})
+                              labeller=_scorecard_labeller(), figure_kwargs={"figsize": (10, 0.8 + 2.5 * rows)})
     if constant:
         pc.viz["figure"].item().text(0.5, 0.0, "not drawn, every draw equal (no density to scale): "
                                      + ", ".join(constant[:12]) + (" ..." if len(constant) > 12 else ""),
                                      ha="center", va="top", fontsize=8)
     _save(pc, path)
     return pc
+
+
+def _scorecard_labeller():
+    """An ArviZ labeller that titles a panel as the scorecard names the quantity: ``mu_sorted[0,Hwt]`` (one line;
+    ArviZ's default wrote ``mu_sorted`` over ``0, Hwt``)."""
+    from arviz_base.labels import BaseLabeller
+
+    class ScorecardLabeller(BaseLabeller):
+        def make_label_flat(self, var_name, sel, isel):
+            sel = dict(sel)
+            scaled = sel.pop("component_group", None)   # psense's own dim: the power-scaled component
+            label = f"{var_name}[{','.join(str(v) for v in sel.values())}]" if sel else str(var_name)
+            return label if scaled is None else f"{label}, {scaled} scaled"
+
+        def make_label_vert(self, var_name, sel, isel):
+            return self.make_label_flat(var_name, sel, isel)
+
+    return ScorecardLabeller()
 
 
 def _varying_entries(post: xr.Dataset) -> tuple[xr.Dataset, list[str]]:
@@ -323,7 +341,8 @@ def _varying_entries(post: xr.Dataset) -> tuple[xr.Dataset, list[str]]:
             # a dim of its own: on a dim shared with another variable, Dataset alignment would put the
             # dropped entries back as NaN (empty panels)
             keep[k] = da.isel({dims[0]: np.flatnonzero(~constant)}).rename({dims[0]: f"{k}_{dims[0]}"})
-            gone += [f"{k}[{i}]" for i in np.flatnonzero(constant)]
+            entries = da[dims[0]].values if dims[0] in da.coords else np.arange(da.sizes[dims[0]])
+            gone += [f"{k}[{entries[i]}]" for i in np.flatnonzero(constant)]
         else:
-            gone.append(k if not dims else f"{k}[{', '.join(':' for _ in dims)}]")
+            gone.append(k if not dims else f"{k}[{','.join(':' for _ in dims)}]")
     return xr.Dataset(keep, attrs=post.attrs), gone

@@ -94,6 +94,66 @@ GLOSSARY = [
 ]
 
 
+_MIXTURE_PCA = {
+    "mu_sorted": ("mu_sorted[rank,feature]", "the mean of a component, components ranked by the first coordinate of "
+                  "their mean (ranks are the same whatever labels a method gives its components), in the feature's "
+                  "units; a feature is named by its column."),
+    "C_sorted": ("C_sorted[rank,feature,feature]", "the covariance Lambda Lambda^T + I / tau of a ranked component "
+                 "between two features (its upper triangle: each pair once, the variances where both are equal)."),
+    "omega_sorted": ("omega_sorted[rank]", "the mixing weight of a ranked component (a probability)."),
+    "tau": ("tau", "the noise precision, 1 / noise variance."),
+}
+_SSGP = {
+    "g": ("g[i]", "the population curve beta0 + f(x) at the i-th point of a grid over the first input (positions, "
+          "not values: the grid's x is in the plots)."),
+    "abs_lam": ("abs_lam[input]", "|lambda| of an input: its relevance (the length-scale's inverse), without the sign "
+                "that the likelihood cannot see."),
+    "sigma": ("sigma", "the noise (LMM) or latent scale parameter sigma."),
+    "gamma": ("gamma", "the LMM's gamma parameter."),
+    "tau": ("tau[term]", "the sd of the random effects of one term (intercept or a slope)."),
+    "b": ("b[group,term]", "the random effect of one group on one term, tau_t b_raw[group, t]."),
+    "beta": ("beta[column]", "the coefficient of a fixed-effect column of A."),
+}
+QUANTITIES = {
+    "mppca": _MIXTURE_PCA,
+    "ppca": _MIXTURE_PCA,
+    "bpca": {
+        "mu": ("mu[feature]", "the mean of a feature."),
+        "w_rownorm2": ("w_rownorm2[feature]", "the squared length of a feature's row of the loading matrix W (its "
+                       "variance explained by the latent factors; unchanged by rotations of W)."),
+        "w_sv": ("w_sv[i]", "the i-th singular value of W, largest first (unchanged by rotations of W)."),
+        "tau": ("tau", "the noise precision, 1 / noise variance."),
+        "alpha": ("alpha[i]", "the ARD precision of the i-th column of W (large: the column is switched off)."),
+    },
+    "hlcr": {
+        "log_lik": ("log_lik", "log p(y | w, theta) with every event's cluster summed out, at each draw."),
+        "psi_sorted": ("psi_sorted[rank]", "the global cluster weights psi, sorted largest first (a probability)."),
+        "coclust": ("coclust[i~j]", "the probability that summarised agent-entity pairs i and j sit in the same "
+                    "cluster (pairs named by their positions; the same under any relabelling of the clusters)."),
+        "pred_mean": ("pred_mean[i]", "the predictive mean of y at the mean features of summarised pair i."),
+    },
+    "gp_alps": {
+        "p_on": ("p_on[latent]", "the probability that latent process j is switched on (its posterior inclusion "
+                 "probability)."),
+        "n_on": ("n_on", "the expected number of switched-on latent processes."),
+        "f": ("f[output,i]", "the posterior mean of an output's function at the i-th of 12 evenly spaced data points."),
+        "abs_H": ("abs_H[output,latent]", "|H|: how strongly a latent process drives an output (the sign is not "
+                  "identified)."),
+        "sigma2": ("sigma2[output]", "the noise variance of an output."),
+    },
+    "ssgp_lmm": _SSGP, "ssgp_logit": _SSGP, "ssgp_probit": _SSGP,
+}
+
+
+def quantity_glossary(model: str, names: Sequence[str]) -> list[tuple[str, str]]:
+    """(term, meaning) for every compared quantity ``names`` of ``model`` (``QUANTITIES``; a variable the model does
+    not summarise is its own posterior variable). Positions in brackets are ranks, pairs or grid points; the
+    other positions carry the user's labels (``diagnostics.view.with_user_labels``)."""
+    known = QUANTITIES.get(model, {})
+    return [known.get(n, (n, f"the model's variable {n}, compared as drawn (one entry per position or label in "
+                             "brackets).")) for n in names]
+
+
 def _esc(x) -> str:
     return html.escape(str(x))
 
@@ -452,8 +512,15 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
             summary.setdefault("sbc", []).append({"kind": res.kind, "method": res.method, "passed": res.passed})
         sections.append(("sbc", "Simulation-based calibration", "".join(parts)))
 
-    glossary = "".join(f"<dt>{_esc(t)}</dt><dd>{_esc(d)}</dd>" for t, d in GLOSSARY)
-    sections.append(("glossary", "What the numbers mean", f"<dl class='glossary'>{glossary}</dl>"))
+    compared = list(dict.fromkeys(k for v in ordered.values() for k in v.ds.data_vars))
+    terms = quantity_glossary(spec.name, compared)
+    glossary = ("<p>The compared quantities (each label names one entry: <i>mu_sorted[0,Hwt]</i> is rank 0, "
+                "column Hwt):</p><dl class='glossary quantities'>"
+                + "".join(f"<dt>{_esc(t)}</dt><dd>{_esc(d)}</dd>" for t, d in terms) + "</dl><p>The scores:</p>"
+                + "<dl class='glossary'>" + "".join(f"<dt>{_esc(t)}</dt><dd>{_esc(d)}</dd>" for t, d in GLOSSARY)
+                + "</dl>")
+    summary["glossary"] = dict(terms)
+    sections.append(("glossary", "What the numbers mean", glossary))
 
     versions = {}
     for tree in trees.values():
@@ -547,7 +614,10 @@ def sensitivity_page(tree, out_dir: str | os.PathLike, *, label: str | None = No
     page = out_dir / SENSITIVITY_PAGE
     _write(page, _html(f"bayes-zoo: {name} prior sensitivity",
                        head + f"<section id='sensitivity'><h2>Prior sensitivity</h2>{reading}{body}</section>"
-                       + f"<section id='hyperparameters'><h2>Hyperparameters and prior</h2>{hyper_html}</section>"))
+                       + f"<section id='hyperparameters'><h2>Hyperparameters and prior</h2>{hyper_html}</section>"
+                       + "<section id='glossary'><h2>The quantities</h2><dl class='glossary quantities'>"
+                       + "".join(f"<dt>{_esc(t)}</dt><dd>{_esc(d)}</dd>"
+                                 for t, d in quantity_glossary(name, list(view.ds.data_vars))) + "</dl></section>"))
     _write(out_dir / "sensitivity.json", json.dumps({**(summary or {"failed": True}), "hyperparameters": hyper},
                                                     indent=1, default=_json_default))
     return page

@@ -76,16 +76,31 @@ def _analysis_tree(tree) -> xr.DataTree:
     return compared_view(tree).analysis_tree
 
 
-def _positional(post: xr.Dataset) -> xr.Dataset:
+def _positional(post: xr.Dataset, keep_labels: bool = False) -> xr.Dataset:
     """Every non-sample dimension indexed 0, 1, ...: ArviZ labels rows by coordinate values, and float ones
     (ssgp's curve grid) gave unreadable labels such as ``g[0.1245105123]``; positions give ``g[3]``, the
-    label the scorecard and the health record use for the same quantity."""
+    label the scorecard and the health record use for the same quantity. ``keep_labels``: dims named by strings
+    (``diagnostics.health.dim_entries``: the user's labels) keep them, as the scorecard's labels do."""
     dims = [d for d in post.dims if d not in ("chain", "draw")]
+    if keep_labels:
+        dims = [d for d in dims if not (d in post.coords and post[d].dtype.kind in "USO")]
     out = post.drop_vars([d for d in dims if d in post.coords]).assign_coords(
         {d: np.arange(post.sizes[d]) for d in dims})
+    dims = [d for d in post.dims if d not in ("chain", "draw")]
     # psense_summary stacks the prior and likelihood values along a dim it names "component": a posterior dim
     # of that name (bpca's summaries) made it fail with "conflicting sizes for dimension 'component'"
     return out.rename({d: f"{d}_" for d in dims if d in ARVIZ_RESERVED_DIMS})
+
+
+def _named_labels(post: xr.Dataset) -> dict[str, str]:
+    """positional label (``g[3]``, ArviZ's rows) -> the label of the scorecard (``mu_sorted[0,Hwt]``)."""
+    from diagnostics.health import SAMPLE_DIMS, component_labels, labels_of
+
+    out = {}
+    for name, da in post.data_vars.items():
+        shape = tuple(n for d, n in da.sizes.items() if d not in SAMPLE_DIMS)
+        out.update(zip(component_labels(str(name), shape), labels_of(da, str(name)), strict=True))
+    return out
 
 
 def sensitivity(tree, *, var_names: Sequence[str] | None = None,
@@ -104,7 +119,8 @@ def sensitivity(tree, *, var_names: Sequence[str] | None = None,
 
     Returns
     -------
-    DataFrame indexed by quantity (labelled by position, ``g[3]``, ``b[0,1]``, as in the scorecard) with
+    DataFrame indexed by quantity (labelled as in the scorecard: ``g[3]``, ``b[0,1]``, the user's labels where the
+    tree has them, ``mu_sorted[0,Hwt]``) with
     ArviZ's ``prior``, ``likelihood``, ``diagnosis`` plus
     ``khat_prior``, ``khat_likelihood`` (Pareto k-hat of the power-scaling weights, the same for every
     row), ``reliable`` (both k-hats <= 0.7) and ``flag`` (the reading in words).
@@ -128,6 +144,7 @@ def sensitivity(tree, *, var_names: Sequence[str] | None = None,
         bad = [n for n in (names or []) if n not in known]
         if bad:
             raise ValueError(f"{arg}: {bad} not in the tree's sites {known}")
+    named = _named_labels(data["posterior"].to_dataset())
     post = _positional(data["posterior"].to_dataset())
     data = data.copy()
     data["posterior"] = xr.DataTree(post)
@@ -143,7 +160,7 @@ def sensitivity(tree, *, var_names: Sequence[str] | None = None,
                                    round_to=12)
     finally:
         logger.setLevel(level)
-    table.index = [str(i).replace(", ", ",") for i in table.index]
+    table.index = [named.get(k, k) for k in (str(i).replace(", ", ",") for i in table.index)]
     k_prior = power_scaling_khat(_component_draws(tree, "log_prior", prior_sites), alphas)
     k_lik = power_scaling_khat(_component_draws(tree, "log_likelihood", likelihood_sites), alphas)
     table["khat_prior"] = k_prior

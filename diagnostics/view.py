@@ -259,7 +259,8 @@ class ComparedView:
     @cached_property
     def analysis_tree(self) -> xr.DataTree:
         """The tree with its posterior replaced by the compared quantities (what prior sensitivity reads)."""
-        if self.spec is None or self.spec.summaries is None:
+        if (self.spec is None or self.spec.summaries is None) and \
+                self.ds.identical(self.tree["posterior"].to_dataset()):
             return self.tree
         out = self.tree.copy()
         out["posterior"] = xr.DataTree(self.ds)

@@ -7,11 +7,15 @@ trees; the command-line run is the conjugate toy of ``test_spine`` in a subproce
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import re
 import warnings
 
 import numpy as np
 import pandas as pd
 import pytest
+import xarray as xr
 from diag_toys import LINREG
 
 import diagnostics
@@ -129,3 +133,120 @@ def test_zoo_compare_off_a_terminal_prints_no_progress_bar_and_no_unexplained_wa
     assert "toy_normal/exact: " in run.stdout and "comparison written to" in run.stdout
     assert "it/s" not in run.stderr and "%|" not in run.stderr, run.stderr[-2000:]   # tqdm's bars
     assert "Warning" not in run.stderr and "warn" not in run.stderr.lower(), run.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------------------- the user's names
+
+
+def _abs_and_sorted(post, data, hyper):
+    """Summaries of the labelled toy: |beta| per feature (indexed by position, as zoo's summaries index a feature
+    dim) and beta sorted (ranks: positional by nature)."""
+    b = post["beta"].transpose("chain", "draw", ...).values
+    return xr.Dataset({"abs_beta": (("chain", "draw", "feature"), np.abs(b)),
+                       "beta_sorted": (("chain", "draw", "rank"), np.sort(b, axis=-1))},
+                      coords={"feature": np.arange(b.shape[-1]), "rank": np.arange(b.shape[-1])})
+
+
+LABELLED = dataclasses.replace(
+    LINREG, data_fields=(zoo.DataField("X", ("n", "F")), zoo.DataField("y", ("n",))), dims={"beta": ["feature"]},
+    axis_dims={"F": "feature"}, summaries=_abs_and_sorted)
+POSITIONAL = re.compile(r"(abs_beta|beta)\[[01]\]")   # a feature named by its position where the table names it
+
+
+@pytest.fixture(scope="module")
+def labelled_page(tmp_path_factory, data):
+    """The report of a comparison on a table with named columns (Bwt, Hwt): the reference made on the bare arrays
+    (as ``diagnostics.compare`` makes it), the candidates fitted from the table; one too narrow, one shifted, so
+    that verdicts name quantities."""
+    frame = pd.DataFrame({"Bwt": data["X"][:, 0], "Hwt": data["X"][:, 1], "heart": data["y"]})
+    columns = {"X": ["Bwt", "Hwt"], "y": "heart"}
+    zoo.register(LABELLED, replace=True)
+    try:
+        ref = inference.fit("dq_linreg", data, "exact", seed=1, num_samples=1000, num_chains=4)
+        trees = {"reference": ref,
+                 "narrow": inference.fit("dq_linreg", frame, "narrow", seed=4, factor=0.5, num_samples=4000,
+                                         columns=columns),
+                 "shifted": inference.fit("dq_linreg", frame, "shifted", seed=5, shift=0.6, columns=columns),
+                 "two_chains": inference.fit("dq_linreg", frame, "ar1", seed=6, num_samples=300, columns=columns)}
+        out = tmp_path_factory.mktemp("labelled")
+        page = diagnostics.report("dq_linreg", trees, out)
+        yield page, json.loads((out / "summary.json").read_text()), trees
+    finally:
+        zoo.register(LINREG, replace=True)
+
+
+def test_every_verdict_and_table_of_a_labelled_table_names_its_columns(labelled_page):
+    page, summary, _ = labelled_page
+    html = page.read_text()
+    reasons = " ".join(v["reasons"] for v in summary["methods"].values())
+    assert summary["methods"]["narrow"]["verdict"] == "FAIL", reasons
+    assert "abs_beta[Hwt]" in reasons and "abs_beta[Bwt]" in reasons, reasons
+    assert "beta_sorted[0]" in html or "beta_sorted[1]" in html        # ranks stay positions
+    for where, text in (("verdicts", reasons), ("summary.json", json.dumps(summary)), ("report.html", html),
+                        ("scorecard.csv", (page.parent / "scorecard.csv").read_text()),
+                        ("methods.csv", (page.parent / "methods.csv").read_text())):
+        assert not POSITIONAL.search(text), (where, POSITIONAL.search(text).group(0))
+    for label in ("abs_beta[Bwt]", "abs_beta[Hwt]"):
+        assert label in (page.parent / "scorecard.csv").read_text() and html.count(label) >= 2
+
+
+def test_the_glossary_explains_every_quantity_a_verdict_names(labelled_page):
+    page, summary, _ = labelled_page
+    named = set()
+    for v in summary["methods"].values():
+        named |= set(re.findall(r"\b([A-Za-z_][A-Za-z0-9_]*)\[[^\]]*\]", v["reasons"]))
+    assert {"abs_beta", "beta_sorted"} & named, summary["methods"]
+    terms = summary["glossary"]
+    for name in named:
+        assert any(t == name or t.startswith(name + "[") for t in terms), (name, list(terms))
+    glossary = page.read_text().split("id='glossary'")[1]
+    assert all(f"<dt>{name}" in glossary for name in named)
+
+
+def test_the_glossary_has_an_entry_for_every_summary_of_every_model():
+    """Every variable a registered model's summaries return (read from its stored reference: no fit) has its own
+    entry in ``diagnostics.report.QUANTITIES``, not the generic one."""
+    from diagnostics.references import reference_path, stored_tags
+    from diagnostics.report import QUANTITIES
+    from diagnostics.view import compared_posterior
+
+    for name in zoo.list_models():
+        if name == LINREG.name:
+            continue
+        tags = stored_tags(name)
+        assert tags, name
+        ds = compared_posterior(inference.load(reference_path(name, tags[0])))
+        missing = [k for k in ds.data_vars if k not in QUANTITIES.get(name, {})]
+        assert not missing, (name, missing)
+
+
+def test_mppca_summaries_name_a_covariance_entry_by_its_two_features():
+    from zoo.mppca import summaries
+
+    rng = np.random.default_rng(0)
+    post = xr.Dataset({"mu": (("chain", "draw", "feature"), rng.normal(size=(1, 5, 2))),
+                       "Wt": (("chain", "draw", "column", "feature"), rng.normal(size=(1, 5, 1, 2))),
+                       "tau": (("chain", "draw"), rng.gamma(2.0, size=(1, 5)))},
+                      coords={"feature": ["Bwt", "Hwt"]})
+    ds = diagnostics.view.with_user_labels(summaries(post, {}, {}), post)
+    labels = list(diagnostics.view.per_scalar_draws(ds))
+    assert labels == ["mu_sorted[0,Bwt]", "mu_sorted[0,Hwt]", "C_sorted[0,Bwt,Bwt]", "C_sorted[0,Bwt,Hwt]",
+                      "C_sorted[0,Hwt,Hwt]", "tau"]
+    C = ds["C_sorted"].sel(entry="Bwt,Hwt").values[0, :, 0]     # the covariance of the two features, by hand
+    W = post["Wt"].values[0, :, 0, :]
+    np.testing.assert_allclose(C, W[:, 0] * W[:, 1], rtol=1e-12)
+
+
+def test_sensitivity_rows_and_plot_titles_use_the_scorecard_labels(labelled_page, tmp_path):
+    _, _, trees = labelled_page
+    zoo.register(LABELLED, replace=True)
+    try:
+        view = diagnostics.compared_view(trees["shifted"])
+        table = diagnostics.sensitivity(view)
+        assert list(table.index) == view.labels == ["abs_beta[Bwt]", "abs_beta[Hwt]", "beta_sorted[0]",
+                                                    "beta_sorted[1]"]
+        pc = diagnostics.plots.plot_sensitivity(view, tmp_path / "s.png")
+        titles = {ax.get_title() for ax in pc.viz["figure"].item().axes} - {""}
+        assert "abs_beta[Hwt], prior scaled" in titles and "beta_sorted[0], likelihood scaled" in titles, titles
+    finally:
+        zoo.register(LINREG, replace=True)
