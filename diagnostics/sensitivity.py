@@ -83,7 +83,8 @@ def _positional(post: xr.Dataset, keep_labels: bool = False) -> xr.Dataset:
     (``diagnostics.health.dim_entries``: the user's labels) keep them, as the scorecard's labels do."""
     dims = [d for d in post.dims if d not in ("chain", "draw")]
     if keep_labels:
-        dims = [d for d in dims if not (d in post.coords and post[d].dtype.kind in "USO")]
+        dims = [d for d in dims if not (d in post.coords and post[d].dtype.kind in "USO"
+                                        and len(set(post[d].values.tolist())) == post.sizes[d])]
     out = post.drop_vars([d for d in dims if d in post.coords]).assign_coords(
         {d: np.arange(post.sizes[d]) for d in dims})
     dims = [d for d in post.dims if d not in ("chain", "draw")]

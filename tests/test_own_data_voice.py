@@ -250,3 +250,27 @@ def test_sensitivity_rows_and_plot_titles_use_the_scorecard_labels(labelled_page
         assert "abs_beta[Hwt], prior scaled" in titles and "beta_sorted[0], likelihood scaled" in titles, titles
     finally:
         zoo.register(LINREG, replace=True)
+
+
+def test_compare_returns_a_result_whose_repr_is_the_verdict_list_and_shows_no_bar_off_a_terminal(tmp_path, capfd):
+    """In process (pytest's stderr is not a terminal): the default progress shows no bar, and ``repr`` of the
+    result is the verdict lines ``compare`` logged, one per method (as ``zoo compare`` prints them), then the
+    page."""
+    from test_spine import SPEC
+
+    zoo.register(SPEC, replace=True)
+    try:
+        y = np.random.default_rng(0).normal(0.7, 1.0, 30)
+        logged = []
+        result = diagnostics.compare("toy_normal", {"y": y}, ["exact"], out=tmp_path / "out",
+                                     cache_dir=tmp_path / "cache", log=logged.append,
+                                     reference={"num_warmup": 300, "num_samples": 1000})
+    finally:
+        zoo.unregister(SPEC.name)
+    verdicts = [line.strip().removeprefix("toy_normal/") for line in logged if line.startswith("  toy_normal/")]
+    lines = repr(result).splitlines()
+    assert lines == [*verdicts, f"report: {result.page}"] and lines[0].startswith("exact: "), (lines, logged)
+    assert lines[0].split(": ")[1] == result.verdicts["exact"]
+    assert result._repr_html_().startswith("<pre>exact: ")
+    err = capfd.readouterr().err
+    assert "it/s" not in err and "%|" not in err, err[-2000:]
