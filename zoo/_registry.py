@@ -171,9 +171,12 @@ class ModelSpec:
     demo_sizes, demo_options:
         simulator sizes and per-method options used by ``zoo compare`` / ``zoo demo`` (small enough
         for the demo's 10-minute budget on 2 cores, long enough that every exact sampler reaches its own
-        R-hat < 1.01 and bulk and tail ESS >= 400 on every compared quantity).
+        R-hat < 1.01 and bulk and tail ESS >= 400 on every compared quantity). Hyperparameters here are not
+        used by the comparisons (each fits every method with its reference's hyperparameters: the stored
+        reference's on its data, the model's defaults or the user's on other data).
     reference_options:
-        NUTS options (and hyperparameters) for the stored reference posterior (``make references``).
+        NUTS options (and hyperparameters) for the stored reference posterior (``make references``); a reference
+        made on other data takes only its NUTS options (``diagnostics.references.reference_settings``).
     reference_datasets:
         ``() -> {tag: (data, options)}``: every stored reference ``make references`` regenerates
         (default: tag ``"default"`` on ``default_data()`` with ``reference_options``).
