@@ -232,7 +232,8 @@ def run_demo(out: Path, models: Sequence[str] | None = None, *, methods: Mapping
 # Your own data: a NUTS reference made (and cached) on it, then the same comparison
 # --------------------------------------------------------------------------------------------------
 
-OWN_REFERENCE_LABEL = "reference (NUTS on your data)"
+OWN_REFERENCE_LABEL = "reference ({method} on your data)"
+DEFAULT_REFERENCE_BUDGET = 600.0   # seconds a reference sampler's runs may take before its extension stops
 
 
 def default_cache_dir() -> Path:
@@ -247,9 +248,11 @@ class NoReference(LookupError):
 
 @dataclasses.dataclass(frozen=True)
 class OwnReference:
-    """The NUTS reference of a comparison on given data: the tree, whether it passed the stored-reference standard,
-    whether it was reused (no NUTS run now), its folder (the cache folder, or ``zoo/references`` for a stored one),
-    the seconds spent making it now (0 when reused) and, when a stored reference served, its tag."""
+    """The reference of a comparison on given data: the tree, whether it passed the stored-reference standard,
+    whether it was reused (no run now), its folder (the cache folder, or ``zoo/references`` for a stored one),
+    the seconds spent making it now (0 when reused), when a stored reference served its tag, and the exact
+    sampler that made it (``method``; its validation record, ``tree.attrs["validation"]``, holds the cross-checks
+    and the samplers tried before it)."""
 
     tree: xr.DataTree
     healthy: bool
@@ -257,11 +260,14 @@ class OwnReference:
     folder: Path
     seconds: float
     stored: str | None = None
+    method: str = "nuts"
 
     @property
     def label(self) -> str:
-        """The reference's label on the report page."""
-        return f"reference (stored NUTS, {self.stored})" if self.stored else OWN_REFERENCE_LABEL
+        """The reference's label on the report page, naming the sampler that made it."""
+        if self.stored:
+            return f"reference (stored {self.method.upper() if self.method == 'nuts' else self.method}, {self.stored})"
+        return OWN_REFERENCE_LABEL.format(method=self.method.upper() if self.method == "nuts" else self.method)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,23 +309,63 @@ def reference_cache_key(spec: zoo.ModelSpec, data: Mapping[str, Any], settings: 
 
 
 def _exact_samplers(spec: zoo.ModelSpec) -> list[str]:
+    """The model's exact samplers (methods of kind ``"sampler"``), NUTS first."""
     from inference._methods import get_method
 
-    return [m for m in inference.methods_for(spec) if m != "nuts" and get_method(spec, m).kind == "sampler"]
+    return [m for m in inference.methods_for(spec) if get_method(spec, m).kind == "sampler"]
 
 
-def _more_advice(spec: zoo.ModelSpec, settings: Mapping[str, Any]) -> list[str]:
-    """What to try when a reference on the user's data fails, beyond ``references.advice``."""
-    out = [f"a longer run: reference={{'num_warmup': {2 * settings['num_warmup']}, 'num_samples': "
-           f"{2 * settings['num_samples']}}} (zoo compare --reference num_samples={2 * settings['num_samples']})"]
-    if not settings.get("dense_mass"):
-        out.append("a dense mass matrix for correlated posteriors: reference={'dense_mass': True} "
-                   "(zoo compare --reference dense_mass=True)")
+def check_reference_method(spec: zoo.ModelSpec, method: Any) -> None:
+    """``ValueError`` naming ``reference_method`` unless ``method`` is one of the model's exact samplers."""
     exact = _exact_samplers(spec)
-    if exact:
-        out.append(f"the model's exact kernel {exact[0]!r} (a sampler of the same posterior) as the reference: fit it "
-                   f"long (4 chains of several thousand sweeps) and pass it to diagnostics.report(model, "
-                   f"{{'reference ({exact[0]})': tree, ...}})")
+    if not isinstance(method, str) or method not in inference.methods_for(spec):
+        raise ValueError(f"reference_method: {spec.name!r} has no method {method!r}; its exact samplers are {exact}")
+    if method not in exact:
+        raise ValueError(f"reference_method: {method!r} is not an exact sampler (it is an approximation, so it cannot "
+                         f"be a reference); the exact samplers of {spec.name!r} are {exact}")
+
+
+def reference_samplers(spec: zoo.ModelSpec, settings: Mapping[str, Any], method: str | None = None,
+                       options: Mapping[str, Any] | None = None) -> list[tuple[str, dict]]:
+    """The exact samplers a reference on the user's data is made with, in the order they are tried, each with its
+    full options (``references.sampler_settings``, the hyperparameters of ``settings`` included): the model's
+    ``reference_samplers`` (default NUTS alone), NUTS with ``settings``. ``method``: that sampler alone, with
+    ``options`` over its declared ones (the others then only cross-check it). Every option is checked
+    (``ValueError`` naming it), nothing runs."""
+    hyper = {k: v for k, v in settings.items() if k in spec.hyperparameters}
+    declared = [(m, dict(o)) for m, o in (spec.reference_samplers or (("nuts", {}),))]
+    if method is not None:
+        check_reference_method(spec, method)
+        mine = next((o for m, o in declared if m == method), {})
+        declared = [(method, {**mine, **dict(options or {})})] + [(m, o) for m, o in declared if m != method]
+    plan = []
+    for m, o in declared:
+        opts = dict(settings) if m == "nuts" else references.sampler_settings(spec.name, m, **{**o, **hyper})
+        resolve(spec, m, opts)
+        plan.append((m, opts))
+    return plan
+
+
+def _more_advice(spec: zoo.ModelSpec, settings: Mapping[str, Any], tried: Sequence[Mapping[str, Any]] = (),
+                 budget: float | None = None) -> list[str]:
+    """What to try when no exact sampler made a healthy reference on the user's data, beyond
+    ``references.advice``."""
+    out = []
+    at_budget = [t["method"] for t in tried if str(t.get("extension", "")).startswith("stopped at the budget")]
+    if at_budget and budget is not None:
+        out.append(f"a larger time budget for {', '.join(at_budget)}: reference_budget={4 * budget:.0f} (zoo compare "
+                   f"--reference-budget {4 * budget:.0f}); the runs so far stay in the cache and are resumed")
+    if any(t["method"] == "nuts" for t in tried):
+        out.append(f"a longer run of NUTS: reference={{'num_warmup': {2 * settings['num_warmup']}, 'num_samples': "
+                   f"{2 * settings['num_samples']}}} (zoo compare --reference num_samples="
+                   f"{2 * settings['num_samples']})")
+        if not settings.get("dense_mass"):
+            out.append("a dense mass matrix for correlated posteriors: reference={'dense_mass': True} "
+                       "(zoo compare --reference dense_mass=True)")
+    untried = [m for m in _exact_samplers(spec) if m not in {t["method"] for t in tried}]
+    if untried:
+        out.append(f"another exact sampler of the model as the reference: reference_method={untried[0]!r} "
+                   f"(zoo compare --reference-method {untried[0]}; exact samplers not tried: {', '.join(untried)})")
     return out
 
 
@@ -355,18 +401,27 @@ def stored_reference(spec: zoo.ModelSpec | str, data: Mapping[str, Any], setting
 def own_reference(spec: zoo.ModelSpec | str, data: Mapping[str, Any], *, settings: Mapping[str, Any],
                   seed: int = 0, crosscheck: Any = True, cache_dir: str | os.PathLike | None = None,
                   fresh: bool = False, stored: bool = True, stored_tags: Sequence[str] | None = None,
-                  make: bool = True, progress: bool | None = None, log: Log = print) -> OwnReference:
-    """The NUTS reference of ``spec`` on ``data`` (validated arrays), in this order:
+                  make: bool = True, samplers: Sequence[tuple[str, Mapping[str, Any]]] | None = None,
+                  budget: float | None = DEFAULT_REFERENCE_BUDGET, progress: bool | None = None,
+                  log: Log = print) -> OwnReference:
+    """The reference of ``spec`` on ``data`` (validated arrays), in this order:
 
     1. ``stored`` (unless ``fresh``): a stored reference of these data and hyperparameters (``stored_reference``,
        among ``stored_tags``) serves as it is: it was made to the standard below by ``make references``;
     2. the cache ``cache_dir/<model>/<reference_cache_key>/``: ``reference.nc`` when healthy,
        ``reference-unhealthy.nc`` (its validation record, failures and advice in ``attrs["validation"]``) when
-       not, made by an earlier call with the same data and settings (``reused``);
+       not, made by an earlier call with the same data and settings (``reused``; an unhealthy one whose
+       extension stopped at a smaller ``budget`` than this one is resumed instead);
     3. ``make`` (else ``NoReference``, nothing run): made now to the stored references' standard
-       (``references.generate``: health rule, second seed, the model's exact cross-check) and cached; an
-       interrupted call resumes from the runs checkpointed in ``work/`` (each written atomically when it
-       finishes). ``fresh``: remake it."""
+       (``references.generate``: health rule, second seed) by the exact samplers of ``samplers`` (default
+       ``reference_samplers(spec, settings)``: the model's ``reference_samplers``, best first) in order: the first
+       that meets the standard is the reference, cross-checked (``crosscheck`` True) against the others where
+       their own runs are healthy; a sampler short only for want of draws is run longer within ``budget``
+       seconds. Its record (``attrs["validation"]``) names the sampler (``method``), its cross-checks and the
+       samplers tried before it (``tried``: method, failures, extension). When none is healthy, the first one's
+       run is the (unhealthy) reference and its record lists every sampler tried and why each failed. Cached;
+       an interrupted call resumes from the runs checkpointed in ``work/<method>/`` (each written atomically
+       when it finishes). ``fresh``: remake it."""
     from inference.trees import data_of
 
     spec = zoo.get(spec)
@@ -378,9 +433,15 @@ def own_reference(spec: zoo.ModelSpec | str, data: Mapping[str, Any], *, setting
             log(f"reference: the stored NUTS reference {references.reference_path(spec.name, tag)} has these data "
                 f"and hyperparameters; it serves (made by make references: {record['n_chains']} chains, "
                 f"{record['n_draws']} draws, max R-hat {record['max_rhat']:.3f})")
-            return OwnReference(tree, True, True, references.REFERENCE_DIR, 0.0, stored=tag)
-    cross = spec.reference_crosscheck if crosscheck is True else (crosscheck or None)
-    key = reference_cache_key(spec, data, settings, seed, cross)
+            return OwnReference(tree, True, True, references.REFERENCE_DIR, 0.0, stored=tag,
+                                method=record.get("method", "nuts"))
+    plan = [(m, dict(o)) for m, o in samplers] if samplers is not None else reference_samplers(spec, settings)
+    if crosscheck is True:
+        cross_of = lambda method: [(m, o) for m, o in plan if m != method]  # noqa: E731
+    else:
+        fixed = references._crosschecks(spec, crosscheck)
+        cross_of = lambda method: [(m, o) for m, o in fixed if m != method]  # noqa: E731
+    key = reference_cache_key(spec, data, settings, seed, {"samplers": plan, "crosscheck": crosscheck})
     folder = Path(cache_dir or default_cache_dir()) / spec.name / key
     if fresh:
         shutil.rmtree(folder, ignore_errors=True)
@@ -394,38 +455,82 @@ def own_reference(spec: zoo.ModelSpec | str, data: Mapping[str, Any], *, setting
             log(f"reference: {path} is unreadable ({err}); making it again")
             path.unlink()
             continue
+        record = json.loads(tree.attrs.get("validation", "{}"))
+        if not healthy and _budget_was_short(record, budget):
+            log(f"reference: the cached unhealthy reference stopped at a smaller time budget than {budget:.0f} s; "
+                f"resuming its runs")
+            path.unlink()
+            continue
         if references.data_mismatch(spec, data_of(tree), data) is None:
-            log(f"reference: reusing the cached {'healthy' if healthy else 'UNHEALTHY'} NUTS reference {path} "
+            method = record.get("method", "nuts")
+            log(f"reference: reusing the cached {'healthy' if healthy else 'UNHEALTHY'} {method} reference {path} "
                 f"(made in {float(tree.attrs.get('wall_seconds', float('nan'))):.0f} s)")
-            return OwnReference(tree, healthy, True, folder, 0.0)
+            return OwnReference(tree, healthy, True, folder, 0.0, method=method)
     if not make:
         raise NoReference(f"no stored or cached NUTS reference of {spec.name!r} has these data and hyperparameters "
                           f"(make references MODELS={spec.name}, or diagnostics.compare on these data)")
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "key.json").write_text(json.dumps({"model": spec.name, "settings": dict(settings), "seed": seed,
-                                                 "crosscheck": cross}, indent=1, default=repr))
+                                                 "samplers": plan, "crosscheck": crosscheck}, indent=1, default=repr))
     t0 = time.time()
-    try:
-        tree = references.generate(spec.name, data, tag=f"yours-{key[:8]}", seed=seed, path=folder / "reference.nc",
-                                   work=folder / "work", progress=progress, log=log, crosscheck=cross, **settings)
-        healthy = True
-    except references.UnhealthyReference as exc:
-        tree = inference.load(folder / "work" / "main.nc")
-        record = {**exc.record, "advice": list(exc.record.get("advice", [])) + _more_advice(spec, settings)}
-        tree.attrs.update({"validation": json.dumps(record, default=repr), "reliable": 0})
-        inference.save(tree, folder / "reference-unhealthy.nc")
+    tried: list[dict] = []
+    first = None
+    for i, (method, opts) in enumerate(plan, 1):
+        unhealthy = {t["method"] for t in tried}
+        others = [(m, o) for m, o in cross_of(method) if m not in unhealthy]
+        log(f"reference: [{i}/{len(plan)}] {method} on your data"
+            + (f", cross-checked against {', '.join(m for m, _ in others)} where healthy" if others else ""))
+        try:
+            tree = references.generate(spec.name, data, tag=f"yours-{key[:8]}", seed=seed,
+                                       path=folder / "reference.nc", work=folder / "work" / method, progress=progress,
+                                       log=log, crosscheck=others or None, method=method, budget=budget, **opts)
+        except references.UnhealthyReference as exc:
+            ext = (exc.record.get("extension") or {}).get("outcome", "")
+            tried.append({"method": method, "failures": list(exc.record["failures"]), "extension": ext})
+            log(f"reference: {method} NOT healthy ({'; '.join(exc.record['failures'])}); extension: {ext}")
+            first = first or (exc.tree, exc.record)
+            if all(f.startswith("cross-check ") for f in exc.record["failures"]):
+                # its own runs were healthy and a healthy exact sampler disagrees: one of the two misses part of
+                # the posterior, and neither can say which, so no other sampler is taken in its place
+                log(f"reference: {method} and its cross-check disagree; no sampler is trusted over the other")
+                break
+            continue
+        record = {**json.loads(tree.attrs["validation"]), "tried": tried}
+        tree.attrs["validation"] = json.dumps(record, default=repr)
+        inference.save(tree, folder / "reference.nc")
         shutil.rmtree(folder / "work", ignore_errors=True)
-        log(f"reference: NOT healthy ({'; '.join(record['failures'])}); every method will be NOT JUDGED")
-        healthy = False
-    return OwnReference(tree, healthy, False, folder, time.time() - t0)
+        log("reference: healthy; " + "; ".join(references.provenance(record)))
+        return OwnReference(tree, True, False, folder, time.time() - t0, method=method)
+    tree, record = first
+    shown = tried[0]["method"]
+    record = {**record, "tried": tried, "failures": [
+        f"no exact sampler met the health rule (tried {', '.join(t['method'] for t in tried)}; the reference shown is "
+        f"{shown}'s run)", *tried[0]["failures"], *[f"{t['method']}: {f}" for t in tried[1:] for f in t["failures"]]]}
+    record["advice"] = list(record.get("advice", [])) + _more_advice(spec, settings, tried, budget)
+    tree.attrs.update({"validation": json.dumps(record, default=repr), "reliable": 0})
+    inference.save(tree, folder / "reference-unhealthy.nc")
+    if not any(t["extension"].startswith("stopped at the budget") for t in tried):
+        shutil.rmtree(folder / "work", ignore_errors=True)   # kept when a larger budget could resume it
+    log(f"reference: NOT healthy with any exact sampler ({'; '.join(record['failures'])}); nothing is judged "
+        f"against it (a sampler that has not mixed is still NOT CONVERGED)")
+    return OwnReference(tree, False, False, folder, time.time() - t0, method=plan[0][0])
+
+
+def _budget_was_short(record: Mapping[str, Any], budget: float | None) -> bool:
+    """Whether an unhealthy reference's record has a sampler whose extension stopped at a budget smaller than
+    ``budget`` (then a call with this budget resumes it instead of reusing the refusal)."""
+    recorded = (record.get("extension") or {}).get("budget")
+    stopped = any(str(t.get("extension", "")).startswith("stopped at the budget") for t in record.get("tried", []))
+    return bool(stopped and budget is not None and (recorded is None or budget > recorded))
 
 
 @dataclasses.dataclass(frozen=True)
 class ComparisonPlan:
     """A checked comparison, nothing run yet (``plan_comparison``): the model, the validated data arrays, the
     reference's NUTS settings and the hyperparameters given (``settings``; the others are the model's defaults),
-    whether the caller chose NUTS settings of its own (then no stored reference serves), each method's options
-    and its prepared fit, and the seed."""
+    whether the caller chose reference settings or a reference sampler of its own (then no stored reference
+    serves), each method's options and its prepared fit, the seed, and the exact samplers the reference is made
+    with, in the order tried (``reference_samplers``)."""
 
     spec: zoo.ModelSpec
     data: dict
@@ -434,12 +539,14 @@ class ComparisonPlan:
     options: dict[str, dict]
     prepared: dict[str, inference.Prepared]
     seed: int
+    samplers: tuple[tuple[str, dict], ...] = ()
 
 
 def plan_comparison(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str] | None = None, *,
                     columns: Mapping[str, Any] | None = None, dropna: bool = False, seed: int = 0,
                     hyper: Mapping[str, Any] | None = None, options: Mapping[str, Mapping[str, Any]] | None = None,
-                    reference: Mapping[str, Any] | None = None, progress: bool | None = None) -> ComparisonPlan:
+                    reference: Mapping[str, Any] | None = None, reference_method: str | None = None,
+                    progress: bool | None = None) -> ComparisonPlan:
     """Every check of ``compare`` (its arguments, see there), nothing run: ``ValueError`` naming the first bad
     argument, method, option or column.
 
@@ -468,31 +575,40 @@ def plan_comparison(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str
         if shared:
             raise ValueError(f"options: {shared} of {key!r} are hyperparameters; give them in hyper=, which the "
                              f"reference and every method share")
+    if reference_method is not None:
+        check_reference_method(spec, reference_method)
     model_hyper = validate_hyper(spec, hyper)             # the defaults of inference.fit, under the given ones
     table = read_data(spec, data, columns, dropna)
-    settings = references.reference_settings(spec.name, **reference, **hyper)   # the rest: the defaults
+    nuts_options = reference if reference_method in (None, "nuts") else {}
+    settings = references.reference_settings(spec.name, **nuts_options, **hyper)   # the rest: the defaults
     resolve(spec, "nuts", settings)                       # the reference's options, checked before any run
+    samplers = reference_samplers(spec, settings, reference_method,
+                                  reference if reference_method not in (None, "nuts") else None)
     per_method = {m: method_options(spec, m, model_hyper, options.get(m)) for m in chosen}
     prepared = {m: hyper_advice(spec, hyper, lambda m=m: inference.prepare(
         spec, data, m, seed=seed, columns=columns, dropna=dropna, progress=progress, **per_method[m]))
         for m in chosen}
-    return ComparisonPlan(spec, table.data, settings, bool(reference), per_method, prepared, seed)
+    own = bool(reference) or reference_method not in (None, "nuts")
+    return ComparisonPlan(spec, table.data, settings, own, per_method, prepared, seed, tuple(samplers))
 
 
 def run_plan(plan: ComparisonPlan, out: str | os.PathLike, *, section: str | None = None,
              data_note: str | None = None, crosscheck: Any = True, cache_dir: str | os.PathLike | None = None,
              fresh: bool = False, fresh_reference: bool = False, make_reference: bool = True,
-             stored_tags: Sequence[str] | None = None, progress: bool | None = None, log: Log = print) -> Comparison:
-    """Run a planned comparison: the reference (``own_reference``; ``make_reference`` False: only a stored or
-    cached one, else ``NoReference`` before any fit), the methods (each tree in ``out/<model>[/<section>]/``,
-    reused on a rerun unless ``fresh``) and the report there (``write_comparison``)."""
+             stored_tags: Sequence[str] | None = None, reference_budget: float | None = DEFAULT_REFERENCE_BUDGET,
+             progress: bool | None = None, log: Log = print) -> Comparison:
+    """Run a planned comparison: the reference (``own_reference`` with the plan's samplers and
+    ``reference_budget``; ``make_reference`` False: only a stored or cached one, else ``NoReference`` before any
+    fit), the methods (each tree in ``out/<model>[/<section>]/``, reused on a rerun unless ``fresh``) and the
+    report there (``write_comparison``)."""
     t_start = time.time()
     spec = plan.spec
     n_rows = len(next(iter(plan.data.values())))
     log(f"{spec.name}{f'/{section}' if section else ''}: {n_rows} rows; methods {', '.join(plan.prepared)}")
     ref = own_reference(spec, plan.data, settings=plan.settings, seed=plan.seed, crosscheck=crosscheck,
                         cache_dir=cache_dir, fresh=fresh_reference, stored=not plan.own_settings,
-                        stored_tags=stored_tags, make=make_reference, progress=progress, log=log)
+                        stored_tags=stored_tags, make=make_reference, samplers=plan.samplers or None,
+                        budget=reference_budget, progress=progress, log=log)
     t_methods = time.time()
     trees = fit_prepared_methods(spec, plan.prepared, plan.options, Path(out) / spec.name / (section or ""),
                                  seed=plan.seed, fresh=fresh, log=log)
@@ -512,12 +628,15 @@ def compare(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str] | None
             out: str | os.PathLike = "zoo-compare", columns: Mapping[str, Any] | None = None, dropna: bool = False,
             seed: int = 0, hyper: Mapping[str, Any] | None = None,
             options: Mapping[str, Mapping[str, Any]] | None = None, reference: Mapping[str, Any] | None = None,
+            reference_method: str | None = None, reference_budget: float | None = DEFAULT_REFERENCE_BUDGET,
             crosscheck: Any = True, cache_dir: str | os.PathLike | None = None, fresh: bool = False,
             fresh_reference: bool = False, progress: bool | None = None, log: Log = print) -> Comparison:
-    """Compare ``methods`` with MCMC on your own data: a NUTS reference on ``data`` (``own_reference``: a stored
-    reference of the same data and hyperparameters serves as it is, else one is made and cached), every method
-    fitted on the same data, and the report of ``zoo compare`` written to ``out/<model>/report.html`` with a
-    verdict per method (NOT JUDGED, with what to try, when the reference cannot be made healthy).
+    """Compare ``methods`` with MCMC on your own data: a reference on ``data`` by the model's best exact sampler
+    (``own_reference``: a stored reference of the same data and hyperparameters serves as it is, else the model's
+    ``reference_samplers`` are tried in order, the first healthy one cross-checked against the others, and
+    cached), every method fitted on the same data, and the report of ``zoo compare`` written to
+    ``out/<model>/report.html`` with a verdict per method (NOT JUDGED, with the samplers tried and what to try,
+    when no exact sampler makes a healthy reference; a sampler that has not mixed is NOT CONVERGED either way).
 
     Parameters
     ----------
@@ -528,19 +647,28 @@ def compare(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str] | None
                    defaults (``zoo show MODEL``), as for ``inference.fit``.
     options:       per-method options (no hyperparameters) over the model's ``demo_options``:
                    ``{"gibbs": {"num_samples": 4000}}``.
-    reference:     NUTS options of the reference over ``references.reference_settings`` (4 chains, ...); given,
+    reference:     options of the reference sampler: NUTS options over ``references.reference_settings`` (4
+                   chains, ...), or with ``reference_method`` that method's options over its declared ones; given,
                    a reference is made with exactly these (no stored reference serves).
-    crosscheck:    True: the model's exact cross-check sampler as for the stored references; None: none.
+    reference_method: an exact sampler of the model (kind "sampler") that alone makes the reference, instead of
+                   the model's ``reference_samplers`` in order (the others still cross-check it).
+    reference_budget: seconds each reference sampler's runs may take while a run short of the health rule only
+                   for want of draws is run longer (``references.generate``); None: judged once at its length.
+    crosscheck:    True: the other reference samplers cross-check the reference where healthy; None: none.
     cache_dir:     where references are cached (``default_cache_dir()``); ``fresh_reference`` remakes it,
                    ``fresh`` refits the methods.
     progress:      progress bars of the fits; None (default): only when stderr is a terminal.
 
     Every argument, method and option is checked before anything runs (``ValueError`` naming it).
     """
+    if reference_budget is not None and (isinstance(reference_budget, bool) or
+                                         not isinstance(reference_budget, int | float) or not reference_budget >= 0):
+        raise ValueError(f"reference_budget: expected seconds >= 0 or None, got {reference_budget!r}")
     plan = plan_comparison(model, data, methods, columns=columns, dropna=dropna, seed=seed, hyper=hyper,
-                           options=options, reference=reference, progress=progress)
+                           options=options, reference=reference, reference_method=reference_method,
+                           progress=progress)
     return run_plan(plan, out, crosscheck=crosscheck, cache_dir=cache_dir, fresh=fresh,
-                    fresh_reference=fresh_reference, progress=progress, log=log)
+                    fresh_reference=fresh_reference, reference_budget=reference_budget, progress=progress, log=log)
 
 
 def compare_real_data(spec: zoo.ModelSpec | str, out: str | os.PathLike, *, seed: int = 0, fresh: bool = False,

@@ -11,8 +11,10 @@ machine's BLAS/LAPACK would give a re-simulation.
 * ``load(name, data=None, tag=None)``: the stored tree, and with ``data`` only if the stored arrays match
   it (same keys and shapes, equal indices, floats equal to ``MATCH_RTOL`` = 1e-12 relative, NaN at the same
   places): user data that went through other rounding still finds its reference, other data does not;
-* ``generate(name, data, tag)``: runs the reference NUTS fit, validates it and stores it with its record,
-  or refuses (``UnhealthyReference``, naming each failed quantity, why, and what to try);
+* ``generate(name, data, tag)``: runs the reference fit (NUTS, or with ``method`` another exact sampler: the
+  comparison on a user's data tries the model's ``reference_samplers`` in order), validates it and stores it with
+  its record, or refuses (``UnhealthyReference``, naming each failed quantity, why, and what to try); with a
+  ``budget`` a run short of the standard only for want of draws is run again longer (``want_of_draws``);
 * ``verify(tree)``: recomputes a stored reference's health from its stored draws and checks its record;
 * ``check_log_density(tree)``: the stored ``log_prior``/``log_likelihood`` double as a model-identity
   check (a model changed without regenerating its reference fails it).
@@ -25,7 +27,10 @@ models whose spec names a second exact sampler (``reference_crosscheck``: the co
 hlcr and gp_alps, where NUTS faces label switching or near-discrete switches), agreement with a long run
 of it (seed + 2) by the same rule. The record (``attrs["validation"]``, JSON) holds the health numbers, the
 run settings, the seeds, the package versions, the NUTS reformulation used, the second run's and the
-cross-check's compared means, MCSEs and largest |z|, and the wall time of each run.
+cross-check's compared means, MCSEs and largest |z|, and the wall time of each run; since issue 29 also the
+sampler that made it (``method``), every cross-check (``crosschecks``: whether its own run was healthy enough to
+be used, and whether it agrees) and the extension (``extension``: budget, runs, outcome); ``provenance(record)``
+says it in sentences.
 
 ``generate`` is resumable: each finished run is checkpointed under ``zoo/references/.work/<model>__<tag>/``
 (with the settings it was made with) and reused when the same reference is asked for again.
@@ -137,6 +142,8 @@ def _thin(tree: xr.DataTree, max_draws: int) -> xr.DataTree:
                 continue
             ds = tree[group].to_dataset()
             per_draw = [k for k in ds.data_vars if "draw" in ds[k].dims]
+            if not per_draw:
+                continue
             thinned = ds[per_draw].isel(draw=index).assign_coords(draw=np.arange(keep))
             out[group] = xr.DataTree(xr.merge([thinned, ds.drop_vars(per_draw).drop_dims("draw", errors="ignore")]))
     stats = out["sample_stats"].to_dataset()
@@ -224,19 +231,87 @@ def advice(record: dict) -> list[str]:
         out.append("the second seed disagrees: the chains do not explore the same posterior (multimodality or "
                    "too short a run); run longer, or validate against an exact sampler")
     if "cross-check" in fails:
-        out.append("NUTS and the exact cross-check sampler disagree: one of them misses part of the posterior; "
-                   "run both longer and look at the named quantity's trace")
+        out.append("the reference sampler and an exact cross-check sampler disagree: one of them misses part of the "
+                   "posterior; run both longer and look at the named quantity's trace")
     return out
+
+
+EXTEND_RHAT_MAX = 1.1   # above: the chains sit in different regions (stuck), more draws of the same run won't help
+EXTEND_MIN_FACTOR = 1.5  # an extension at least multiplies the draws by this
+
+
+def sampler_settings(name: str, method: str = "nuts", **options: Any) -> dict[str, Any]:
+    """The options of a reference run of ``name`` by ``method``: NUTS as ``reference_settings``; another exact
+    sampler: the hyperparameters of ``spec.reference_options``, then ``options`` (the method's own options over
+    its defaults). ``ValueError`` for thinning (a reference runs unthinned and is thinned after the run)."""
+    if method == "nuts":
+        return reference_settings(name, **options)
+    spec = zoo.get(name)
+    opts = {**{k: v for k, v in spec.reference_options.items() if k in spec.hyperparameters}, **options}
+    if opts.get("thinning", 1) != 1:
+        raise ValueError(f"thinning: a reference runs unthinned and keeps {MAX_DRAWS} evenly spaced draws; got "
+                         f"thinning={opts['thinning']!r} (drop it, raise num_samples instead)")
+    opts.pop("thinning", None)
+    return opts
+
+
+def want_of_draws(health: dict) -> bool:
+    """Whether a run fails the health rule only for want of draws: every failure is R-hat, ESS or the number of
+    stored draws, with enough chains, no divergence, E-BFMI fine, every R-hat and ESS finite and the largest
+    R-hat below ``EXTEND_RHAT_MAX`` (above it the chains sit in different regions: stuck, not short)."""
+    fails = health["failures"]
+    if not fails:
+        return False
+    short = all(f.startswith(("R-hat", "bulk ESS", "tail ESS")) or "stored draws" in f for f in fails)
+    finite = all(np.isfinite(health[k]) for k in ("max_rhat", "min_ess_bulk", "min_ess_tail"))
+    return (short and finite and health["max_rhat"] < EXTEND_RHAT_MAX and health["divergences"] == 0
+            and health["n_chains"] >= health["rule"]["min_chains"])
+
+
+def extension_factor(health: dict) -> float:
+    """How many times more draws a run short for want of draws needs (``diagnostics.scorecard``'s rule: ESS
+    grows with the draws, R-hat^2 - 1 shrinks as 1 / draws, a margin of 1.25 for the noise of the ESS estimate),
+    at least ``EXTEND_MIN_FACTOR``."""
+    from diagnostics.scorecard import RUN_MARGIN
+
+    rule = health["rule"]
+    ess = min(health["min_ess_bulk"], health["min_ess_tail"])
+    factors = [EXTEND_MIN_FACTOR, rule["min_draws"] / max(health["n_draws"], 1)]
+    if ess < rule["ess_min"]:
+        factors.append(RUN_MARGIN * rule["ess_min"] / max(ess, 1e-9))
+    if not health["max_rhat"] < rule["rhat_max"]:
+        factors.append(RUN_MARGIN * (health["max_rhat"] ** 2 - 1) / (rule["rhat_max"] ** 2 - 1))
+    return float(max(factors))
+
+
+def _crosschecks(spec: zoo.ModelSpec, crosscheck: Any) -> list[tuple[str, dict]]:
+    """``crosscheck`` as a list of ``(method, options)``: True the spec's ``reference_crosscheck``; None/False
+    none; one pair; or a sequence of pairs."""
+    if crosscheck is True:
+        crosscheck = spec.reference_crosscheck
+    if not crosscheck:
+        return []
+    if isinstance(crosscheck[0], str):
+        crosscheck = [crosscheck]
+    return [(m, dict(o)) for m, o in crosscheck]
 
 
 def generate(name: str, data: Mapping[str, Any] | None = None, *, tag: str = "default", seed: int = 0,
              path: str | Path | None = None, work: str | Path | None = None, progress: bool | None = None, log=None,
-             crosscheck: tuple[str, Mapping[str, Any]] | None | bool = True, **options: Any) -> xr.DataTree:
+             crosscheck: Any = True, method: str = "nuts", budget: float | None = None,
+             **options: Any) -> xr.DataTree:
     """Run, validate and store the reference posterior of ``name`` on ``data`` (module docstring); returns the
-    stored tree. Raises ``UnhealthyReference`` (nothing stored) when any check fails.
+    stored tree. Raises ``UnhealthyReference`` (nothing stored; its ``tree`` is the last main run) when any check
+    fails.
 
-    Options: NUTS options and hyperparameters (``reference_settings``). ``crosscheck``: True = the spec's
-    ``reference_crosscheck``, None/False = none, or ``(method, options)``. ``log``: a callable receiving
+    ``method``: the exact sampler that makes it (default NUTS; ``ModelSpec.reference_samplers``) and its second
+    seed. Options: its options and hyperparameters (``sampler_settings``). ``crosscheck``: True = the spec's
+    ``reference_crosscheck``, None/False = none, ``(method, options)`` or a list of them: each is run once
+    (seed + 2) and must agree with the reference where its own run is healthy (an unhealthy cross-check run is
+    recorded and not used: it cannot judge). ``budget``: seconds; a main run and second seed that fail the
+    health rule only for want of draws (``want_of_draws``) are run again with ``extension_factor`` times the draws
+    while their runs so far took less than ``budget`` and the next is predicted to fit in it (None: judged once,
+    as ``make references`` does); the record's ``extension`` says what happened. ``log``: a callable receiving
     progress lines (default: silent); ``progress``: NumPyro/kernel progress bars. ``path``: where to store it
     (default ``reference_path(name, tag)``); ``work``: where each finished run is checkpointed (default
     ``work_dir(name, tag)``), kept when the reference is refused.
@@ -249,69 +324,175 @@ def generate(name: str, data: Mapping[str, Any] | None = None, *, tag: str = "de
     if data is None:
         data, _ = spec.default_data()
     log = log or (lambda line: None)
-    opts = reference_settings(name, **options)
+    opts = sampler_settings(name, method, **options)
     hyper, _ = _split(spec, opts)
-    cross = spec.reference_crosscheck if crosscheck is True else (crosscheck or None)
-    if cross is not None:
-        cross = (cross[0], {**dict(cross[1]), **hyper})
-    stamp = _stamp(name, tag, seed, opts, cross)
+    crosses = [(m, {**o, **hyper}) for m, o in _crosschecks(spec, crosscheck)]
+    stamp = _stamp(name, tag, seed, {"method": method, **opts} if method != "nuts" else opts,
+                   (crosses[0] if len(crosses) == 1 and crosscheck is True else crosses) or None)
     work = Path(work) if work is not None else work_dir(name, tag)
-    n_runs = 3 if cross else 2
+    n_runs = 2 + len(crosses)
     label = f"{name}/{tag}"
-    nuts = f"{opts['num_chains']} chains x ({opts['num_warmup']} warm-up + {opts['num_samples']} draws)"
 
-    log(f"{label} [1/{n_runs}] reference NUTS run, seed {seed}, {nuts}")
-    main, _ = _checkpointed(work / "main.nc", stamp, data, spec, lambda: _thin(
-        fit(spec, data, "nuts", seed=seed, progress=progress, **opts), MAX_DRAWS), log, f"{label} [1/{n_runs}]")
-    ref_ds = compared_posterior(main)
-    health = mcmc_health(main, ref_ds)
-    log(f"{label} [1/{n_runs}] {_health_line(health)} ({main.attrs['wall_seconds']:.0f} s)")
+    def run_line(o):
+        if method == "nuts":
+            return f"{o['num_chains']} chains x ({o['num_warmup']} warm-up + {o['num_samples']} draws)"
+        return ", ".join(f"{k}={v}" for k, v in o.items() if k not in spec.hyperparameters)
+
+    def fitted(m, s, o):
+        return lambda: _thin(fit(spec, data, m, seed=s, progress=progress, **o), MAX_DRAWS)
+
+    # ---- the main run and its second seed, run again longer while short only for want of draws (budget)
+    attempts, run_opts, spent = [], dict(opts), 0.0
+    while True:
+        i = len(attempts)
+        suffix = "" if i == 0 else f"_{i}"
+        what = "" if i == 0 else f" (extension {i}: num_samples {run_opts['num_samples']})"
+        log(f"{label} [1/{n_runs}] reference {method} run, seed {seed}, {run_line(run_opts)}{what}")
+        st = stamp if i == 0 else _stamp(name, tag, seed, {"method": method, **run_opts}, "extension")
+        main, _ = _checkpointed(work / f"main{suffix}.nc", st, data, spec, fitted(method, seed, run_opts), log,
+                                f"{label} [1/{n_runs}]")
+        ref_ds = compared_posterior(main)
+        health = mcmc_health(main, ref_ds)
+        log(f"{label} [1/{n_runs}] {_health_line(health)} ({main.attrs['wall_seconds']:.0f} s)")
+        seed2 = seed + SECOND_SEED_OFFSET
+        log(f"{label} [2/{n_runs}] second seed: {method}, seed {seed2}, {run_line(run_opts)}")
+        second, _ = _checkpointed(work / f"second_seed{suffix}.nc", st, data, spec, fitted(method, seed2, run_opts),
+                                  log, f"{label} [2/{n_runs}]")
+        second_ds = compared_posterior(second)
+        second_health = mcmc_health(second, second_ds)
+        agree = agreement(ref_ds, second_ds)
+        log(f"{label} [2/{n_runs}] {_health_line(second_health)}; max |z| {agree['max_abs_z']:.2f} on "
+            f"{agree['worst']} ({second.attrs['wall_seconds']:.0f} s)")
+        took = float(main.attrs["wall_seconds"]) + float(second.attrs["wall_seconds"])
+        spent += took
+        attempts.append({"num_samples": run_opts.get("num_samples"), "wall_seconds": took,
+                         "max_rhat": max(health["max_rhat"], second_health["max_rhat"]),
+                         "min_ess": min(health["min_ess_bulk"], health["min_ess_tail"],
+                                        second_health["min_ess_bulk"], second_health["min_ess_tail"])})
+        short = [h for h in (health, second_health) if h["failures"]]
+        if not short:
+            outcome = "not needed" if i == 0 else f"met the health rule after {i} extension(s), in {spent:.0f} s"
+            break
+        if budget is None:
+            outcome = "not extended (no budget given)"
+            break
+        if not all(want_of_draws(h) for h in short) or "num_samples" not in run_opts:
+            outcome = ("not extended: it fails for more than want of draws (stuck chains, divergences, too few "
+                       "chains)")
+            break
+        factor = max(extension_factor(h) for h in short)
+        n_next = int(np.ceil(round(run_opts["num_samples"] * factor, 6)))
+        predicted = took * n_next / run_opts["num_samples"]
+        if spent + predicted > budget:
+            outcome = (f"stopped at the budget: {spent:.0f} s spent of {budget:.0f} s, and the next run "
+                       f"(num_samples {n_next}, x{factor:.1f}) would take about {predicted:.0f} s")
+            break
+        log(f"{label} short of the health rule only for want of draws: running again with num_samples "
+            f"{run_opts['num_samples']} -> {n_next} (x{factor:.1f}, about {predicted:.0f} s; budget {budget:.0f} s, "
+            f"{spent:.0f} s spent)")
+        run_opts = {**run_opts, "num_samples": n_next}
+    log(f"{label} extension: {outcome}")
 
     record = {**health, "standard": {**health["rule"], "z_max": Z_MAX}}
     failures = list(health["failures"])
-    others = [("second_seed", "second seed", "nuts", seed + SECOND_SEED_OFFSET, opts)]
-    if cross is not None:
-        others.append(("crosscheck", f"cross-check {cross[0]}", cross[0], seed + CROSSCHECK_SEED_OFFSET, cross[1]))
-    record["crosscheck"] = None
-    for i, (key, what, method, seed_i, opts_i) in enumerate(others, 2):
+    failures += [f"second seed: {f}" for f in second_health["failures"] + agree["failures"]]
+    record["second_seed"] = {"method": method, "options": run_opts, "seed": seed2,
+                             "health": _summary(second_health), "means": agree["means_b"], "mcse": agree["mcse_b"],
+                             "z": agree["z"], "max_abs_z": agree["max_abs_z"], "worst": agree["worst"],
+                             "n_quantities": agree["n_quantities"], "wall_seconds": second.attrs["wall_seconds"]}
+
+    # ---- the cross-checks: other exact samplers, each used where its own run is healthy
+    record["crosscheck"], record["crosschecks"] = None, {}
+    if failures and crosscheck is not True:
+        crosses = []        # refused already: no cross-check run (make references records its cross-check anyway)
+    for i, (cmethod, copts) in enumerate(crosses, 3):
         step = f"{label} [{i}/{n_runs}]"
-        log(f"{step} {what}: {method}, seed {seed_i}, {nuts if method == 'nuts' else opts_i}")
-        tree, _ = _checkpointed(work / f"{key}.nc", stamp, data, spec, lambda m=method, s=seed_i, o=opts_i: _thin(
-            fit(spec, data, m, seed=s, progress=progress, **o), MAX_DRAWS), log, step)
+        cseed = seed + CROSSCHECK_SEED_OFFSET
+        key = "crosscheck.nc" if len(crosses) == 1 and crosscheck is True else f"crosscheck_{cmethod}.nc"
+        log(f"{step} cross-check {cmethod}, seed {cseed}, {copts}")
+        tree, _ = _checkpointed(work / key, stamp, data, spec, fitted(cmethod, cseed, copts), log, step)
         ds = compared_posterior(tree)
         run_health = mcmc_health(tree, ds)
-        agree = agreement(ref_ds, ds)
-        log(f"{step} {_health_line(run_health)}; max |z| {agree['max_abs_z']:.2f} on {agree['worst']} "
-            f"({tree.attrs['wall_seconds']:.0f} s)")
-        failures += [f"{what}: {f}" for f in run_health["failures"] + agree["failures"]]
-        record[key] = {"method": method, "options": opts_i, "seed": seed_i, "health": _summary(run_health),
-                       "means": agree["means_b"], "mcse": agree["mcse_b"], "z": agree["z"],
-                       "max_abs_z": agree["max_abs_z"], "worst": agree["worst"],
-                       "n_quantities": agree["n_quantities"], "wall_seconds": tree.attrs["wall_seconds"]}
+        agree_c = agreement(ref_ds, ds)
+        used = crosscheck is True or run_health["reliable"]
+        log(f"{step} {_health_line(run_health)}; max |z| {agree_c['max_abs_z']:.2f} on {agree_c['worst']} "
+            f"({tree.attrs['wall_seconds']:.0f} s)" + ("" if used else " -- not healthy itself: recorded, not used"))
+        entry = {"method": cmethod, "options": copts, "seed": cseed, "health": _summary(run_health),
+                 "means": agree_c["means_b"], "mcse": agree_c["mcse_b"], "z": agree_c["z"],
+                 "max_abs_z": agree_c["max_abs_z"], "worst": agree_c["worst"], "n_quantities": agree_c["n_quantities"],
+                 "wall_seconds": tree.attrs["wall_seconds"], "used": used, "agrees": agree_c["agree"]}
+        if used:
+            failures += [f"cross-check {cmethod}: {f}" for f in
+                         (run_health["failures"] if crosscheck is True else []) + agree_c["failures"]]
+            if record["crosscheck"] is None:
+                record["crosscheck"] = entry
+        record["crosschecks"][cmethod] = entry
 
     record.update({
-        "settings": opts, "seeds": {"reference": seed, **{key: s for key, _, _, s, _ in others}},
-        "nuts_reformulation": main.attrs.get("nuts_reformulation", ""),
+        "method": method, "settings": run_opts, "seeds": {"reference": seed, "second_seed": seed2,
+                                                          **({"crosscheck": seed + CROSSCHECK_SEED_OFFSET}
+                                                             if crosses else {})},
+        "nuts_reformulation": main.attrs.get("nuts_reformulation", "") if method == "nuts" else "",
+        "extension": {"budget": budget, "attempts": attempts, "outcome": outcome},
         "package_versions": package_versions(), "wall_seconds": main.attrs["wall_seconds"],
         "failures": failures, "reliable": not failures,
     })
     record["advice"] = advice(record)
     if failures:
-        raise UnhealthyReference(f"reference {label} not stored (the runs stay in {work}):\n  - " +
+        exc = UnhealthyReference(f"reference {label} not stored (the runs stay in {work}):\n  - " +
                                  "\n  - ".join(failures) + ("\n  try: " + "\n  try: ".join(record["advice"])
                                                              if record["advice"] else ""), record)
+        exc.tree = main
+        raise exc
     main.attrs.update({"reference_tag": tag, "validation": json.dumps(record, default=repr),
                        "reliable": 1})
     for group in main.children:   # lossless gzip + shuffle: ~20 % smaller files (the draws stay float64)
         for var in main[group].data_vars:
             main[group][var].encoding.update({"zlib": True, "complevel": 4, "shuffle": True})
     save(main, path or reference_path(name, tag))
-    for f in ("main.nc", "second_seed.nc", "crosscheck.nc"):
-        (work / f).unlink(missing_ok=True)
+    for f in work.glob("*.nc") if work.is_dir() else ():
+        f.unlink(missing_ok=True)
     for folder in (work, work.parent):
         if folder.is_dir() and not any(folder.iterdir()) and folder != REFERENCE_DIR:
             folder.rmdir()
     return main
+
+
+def provenance(record: Mapping[str, Any]) -> list[str]:
+    """The validation record of a reference in sentences: which sampler made it, how long, its extension, its
+    cross-checks and, for a comparison on a user's data, the samplers tried before it and why each failed."""
+    out = []
+    method = record.get("method", "nuts")
+    settings = record.get("settings", {})
+    seeds = record.get("seeds", {})
+    length = f"{record.get('n_chains', '?')} chains, {record.get('n_draws', '?')} stored draws"
+    if "num_samples" in settings:
+        length += f" (num_samples {settings['num_samples']}" + (
+            f", num_warmup {settings['num_warmup']})" if "num_warmup" in settings else ")")
+    out.append(f"made by {method}: {length}; seeds {seeds.get('reference')} and {seeds.get('second_seed')} (second "
+               f"seed: max |z| {(record.get('second_seed') or {}).get('max_abs_z', float('nan')):.2f})")
+    ext = record.get("extension") or {}
+    if ext.get("outcome") and ext["outcome"] != "not needed":
+        budget = ext.get("budget")
+        out.append(f"extension (budget {budget:.0f} s): {ext['outcome']}" if budget is not None
+                   else f"extension: {ext['outcome']}")
+    crosschecks = record.get("crosschecks")
+    if crosschecks is None and record.get("crosscheck"):        # a stored reference: one cross-check, always used
+        crosschecks = {record["crosscheck"]["method"]: {**record["crosscheck"], "used": True}}
+    for m, c in (crosschecks or {}).items():
+        if c.get("used"):
+            out.append(f"cross-checked against {m}: compared means agree to max |z| {c['max_abs_z']:.2f} "
+                       f"({c['n_quantities']} quantities; rule |z| < {record.get('standard', {}).get('z_max', 4)})"
+                       + ("" if c.get("agrees", True) else " -- they DISAGREE"))
+        else:
+            out.append(f"cross-check {m} not used: its own run is not healthy ("
+                       + "; ".join(c.get("health", {}).get("failures", [])) + ")")
+    if record.get("crosschecks") == {} and record.get("reliable"):
+        out.append("no other exact sampler to cross-check it against")
+    for t in record.get("tried", []):
+        out.append(f"tried {t['method']}{' first' if record.get('reliable') else ''}, not healthy: "
+                   + "; ".join(t["failures"]) + (f" (extension: {t['extension']})" if t.get("extension") else ""))
+    return out
 
 
 def _health_line(h: dict) -> str:
@@ -425,7 +606,8 @@ def rerun_second_seed(tree: xr.DataTree, progress: bool | None = None) -> dict:
 
     record = json.loads(tree.attrs["validation"])
     spec = zoo.get(tree.attrs["model"])
-    rerun = _thin(fit(spec, data_of(tree), "nuts", seed=record["seeds"]["second_seed"], progress=progress,
+    rerun = _thin(fit(spec, data_of(tree), record.get("method", "nuts"), seed=record["seeds"]["second_seed"],
+                      progress=progress,
                       **record["settings"]), MAX_DRAWS)
     ds = compared_posterior(rerun)
     return {**agreement(compared_posterior(tree), ds), "health": mcmc_health(rerun, ds)}

@@ -213,6 +213,18 @@ def _pick_reference(trees: Mapping[str, xr.DataTree], reference: str | None) -> 
     return None
 
 
+def _reference_provenance(tree: xr.DataTree) -> list[str]:
+    """The reference's validation record in sentences (``diagnostics.references.provenance``): the sampler that
+    made it, its extension, its cross-checks, the samplers tried before it; [] without a record."""
+    from diagnostics.references import provenance
+
+    try:
+        record = json.loads(tree.attrs.get("validation", "{}"))
+    except (TypeError, ValueError):
+        return []
+    return provenance(record) if record else []
+
+
 def _badness(card: pd.DataFrame) -> pd.Series:
     """How much each scorecard row disagrees with the reference, for choosing what to show: rows failing their
     rule first, then mean error plus |log sd ratio|. Rows the reference holds (nearly) constant count only when
@@ -417,12 +429,17 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
                      "quantity has enough effective draws, no divergences, so it stands in for the true "
                      "posterior.</p>")
         else:
-            words = ("<p>The reference is <b>NOT healthy</b>, so every method is NOT JUDGED: the scores below are "
+            words = ("<p>The reference is <b>NOT healthy</b>, so nothing is judged against it (NOT JUDGED; a sampler "
+                     "whose own chains have not mixed is still NOT CONVERGED): the scores below are "
                      "shown for information only. What failed:</p><ul>"
                      + "".join(f"<li>{_esc(f)}</li>" for f in health["failures"]) + "</ul>")
             if health.get("advice"):
                 words += ("<p>What to try:</p><ul class='advice'>"
                           + "".join(f"<li>{_esc(a)}</li>" for a in health["advice"]) + "</ul>")
+        made = _reference_provenance(ordered[ref_name].tree)
+        if made:
+            summary["reference_provenance"] = made
+            words += "<p>How it was made:</p><ul>" + "".join(f"<li>{_esc(m)}</li>" for m in made) + "</ul>"
         sections.append(("reference", "The MCMC reference", words + _table(hdf)))
 
     # --- the hyperparameters (the prior) of every fit

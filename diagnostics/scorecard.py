@@ -19,9 +19,12 @@ The verdict (``method_scores``), one of four:
 
 * **NOT JUDGED**: the reference fails the MCMC health rule (``diagnostics.health.mcmc_health``: >= 4 chains,
   >= 4000 draws, R-hat < 1.01 and bulk/tail ESS >= 400 on every compared quantity, no divergence,
-  E-BFMI > 0.3). The numbers are shown, nothing is judged; the reasons name the failed checks.
+  E-BFMI > 0.3), and the method is not a sampler that has failed to mix. The numbers are shown, nothing is
+  judged; the reasons name the failed checks.
 * **NOT CONVERGED**: a sampler whose own chains have not mixed: rank-normalised R-hat >= 1.01, or bulk or
-  tail ESS < 400, on some compared quantity the reference does not hold (nearly) constant. The reasons say
+  tail ESS < 400, on some compared quantity the reference does not hold (nearly) constant, whatever the
+  reference's health (its own mixing needs no reference; with an unhealthy reference the quantities are all
+  those the reference varies, as its sd tells even when it is not trusted for a verdict). The reasons say
   how much longer to run: about 1.25 x max(400 / ESS, (R-hat^2 - 1) / (1.01^2 - 1)) times the draws (ESS
   grows with the draws, and R-hat^2 - 1, the between-chain over the within-chain variance of a stationary
   run, shrinks as 1 / draws; the margin 1.25 covers the noise of the ESS estimate itself). The rule is
@@ -572,13 +575,14 @@ def _verdict(row: dict, sub: pd.DataFrame, health: dict, missing: list[str], con
              view: ComparedView, n_labels: int) -> tuple[str, str]:
     """The verdict of the module docstring and its reasons, in words a student can read."""
     if not health["reliable"]:
-        own = ""
-        if conv is not None:  # a sampler's own mixing needs no reference: say it either way
-            own = ("; its own chains have mixed (R-hat < 1.01, ESS >= 400)" if conv["converged"] else
-                   "; its own chains have not mixed either: " + "; ".join(conv["failures"]) + " (" +
-                   _run_longer(conv, view) + ")")
-        return NOT_JUDGED, ("the MCMC reference failed its health check (" + "; ".join(health["failures"]) +
-                            "), so nothing is judged against it; the numbers are shown for information" + own)
+        unhealthy = ("the MCMC reference failed its health check (" + "; ".join(health["failures"]) +
+                     "), so nothing is judged against it")
+        if conv is not None and not conv["converged"]:  # a sampler's own mixing needs no reference
+            return NOT_CONVERGED, ("its own chains have not mixed: " + "; ".join(conv["failures"]) +
+                                   ". What to change: " + _run_longer(conv, view) + " (rule: R-hat < 1.01 and bulk "
+                                   "and tail ESS >= 400 on every compared quantity); " + unhealthy)
+        own = "; its own chains have mixed (R-hat < 1.01, ESS >= 400)" if conv is not None else ""
+        return NOT_JUDGED, unhealthy + "; the numbers are shown for information" + own
     notes = []
     if row.get("khat_note"):
         notes.append(row["khat_note"])

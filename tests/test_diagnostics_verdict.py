@@ -194,8 +194,13 @@ def test_unhealthy_reference_gives_not_judged_naming_the_failed_check():
     v, reasons, _ = verdict_of(two_chains, cand)
     assert v == NOT_JUDGED and "2 chains (need at least 4)" in reasons
     assert "its own chains have mixed" in reasons  # a sampler's own convergence needs no reference
+    # a sampler that has not mixed is NOT CONVERGED, with how much longer, even when nothing can be judged
+    # against the reference (issue 29): 2 x 100 AR(1) draws at phi 0.9 have ESS ~10 per quantity
     short = hand_tree({"x": gaussian_draws(8, 2, 100, phi=0.9)})
-    assert "its own chains have not mixed either" in verdict_of(two_chains, short)[1]
+    v, reasons, row = verdict_of(two_chains, short)
+    assert v == NOT_CONVERGED and row["run_longer"] > 10
+    assert "its own chains have not mixed" in reasons and "What to change: run about" in reasons
+    assert "2 chains (need at least 4)" in reasons and "nothing is judged against it" in reasons
     stuck = gaussian_draws(10, 4, 1000)
     stuck[3, :, 5] += 3 * SD[5]  # one chain elsewhere on x[5]
     v, reasons, _ = verdict_of(hand_tree({"x": stuck}), cand)

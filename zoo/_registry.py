@@ -191,6 +191,12 @@ class ModelSpec:
         ``(method, options)`` of a second exact sampler (a collapsed Gibbs kernel) that ``make references``
         runs on the reference data to validate the NUTS reference where NUTS may not mix (label switching,
         near-discrete switches); its agreement goes in the validation record. None: no cross-check.
+    reference_samplers:
+        the exact samplers that may make the reference on a user's data, best first, as ``(method, options)``
+        (options over the method's defaults; ``("nuts", {})`` takes ``reference_options``): the comparison
+        (``diagnostics.compare``) uses the first that meets the health rule and cross-checks it against the
+        others where they are healthy. Empty: NUTS alone (on ``nuts_reformulation``). A collapsed Gibbs kernel
+        comes first where NUTS cannot move between discrete clusterings or switches (hlcr, gp_alps).
     real_datasets:
         name -> ``RealDataset``: real data shipped inside an installed package, in the model's data contract
         (``zoo list``/``zoo show`` print them, ``real_data(name)`` loads one, the demo has a real-data section).
@@ -222,6 +228,7 @@ class ModelSpec:
     hyper_presets: Mapping[str, Mapping[str, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
     nuts_reformulation: Reformulation | None = None
     reference_crosscheck: tuple[str, Mapping[str, Any]] | None = None
+    reference_samplers: tuple[tuple[str, Mapping[str, Any]], ...] = ()
     real_datasets: Mapping[str, RealDataset] = dataclasses.field(default_factory=dict)
 
     @property

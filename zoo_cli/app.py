@@ -250,6 +250,12 @@ def compare(
     reference: Annotated[list[str] | None, typer.Option(
         "--reference", help="With --data: KEY=VALUE, a NUTS option of the reference made on your data, e.g. "
                             "--reference num_samples=4000 --reference dense_mass=True. Repeatable.")] = None,
+    reference_method: Annotated[str | None, typer.Option(
+        help="With --data: the exact sampler that makes the reference (e.g. gibbs, nuts), instead of the model's "
+             "reference samplers tried in order; the others still cross-check it.")] = None,
+    reference_budget: Annotated[float, typer.Option(
+        help="With --data: seconds each reference sampler may run while a run short of the health rule only for "
+             "want of draws is run longer; 0: judged once at its length.")] = 600.0,
     cache_dir: Annotated[Path | None, typer.Option(
         help="With --data: where references made on your data are cached (default: "
              "$BAYES_ZOO_CACHE/references or ~/.cache/bayes-zoo/references).")] = None,
@@ -260,12 +266,14 @@ def compare(
     report) to --out/MODEL/: on the data of the model's stored NUTS reference, or with --data on your own
     data.
 
-    **Your own data** (--data FILE.csv/.parquet/.npz, columns as for `zoo fit`): a NUTS reference is made on it
-    to the stored references' standard (the health rule below, a second seed, and the model's exact Gibbs
-    kernel as a cross-check where it has one), cached by the data, model, hyperparameters and settings
-    (--cache-dir): a second run reuses it, an interrupted one resumes from the runs already finished. If it
-    cannot be made healthy, every method is NOT JUDGED and the report says what to try (a longer run, a dense
-    mass matrix, the model's exact kernel as the reference).
+    **Your own data** (--data FILE.csv/.parquet/.npz, columns as for `zoo fit`): a reference is made on it by
+    the model's best exact sampler (hlcr, gp_alps: the collapsed Gibbs kernel; the others: NUTS), to the stored
+    references' standard (the health rule below and a second seed), cross-checked against the model's other
+    exact samplers where they are healthy; the next sampler is tried when one fails, and a run short only for
+    want of draws is run longer within --reference-budget seconds. --reference-method picks the sampler. It is
+    cached by the data, model, hyperparameters and settings (--cache-dir): a second run reuses it, an
+    interrupted one resumes from the runs already finished. If no exact sampler is healthy, nothing is judged
+    against it (NOT JUDGED; the report lists the samplers tried, why each failed, and what to try).
 
     Every method gets one of four verdicts:
 
@@ -278,7 +286,8 @@ def compare(
       compared quantity); the reason says how much longer to run (e.g. num_samples 1000 -> 4000).
 
     * **NOT JUDGED**: the reference fails the MCMC health rule (>= 4 chains, >= 4000 draws, R-hat < 1.01 and
-      ESS >= 400 on every compared quantity, no divergences, E-BFMI > 0.3): nothing is judged against it.
+      ESS >= 400 on every compared quantity, no divergences, E-BFMI > 0.3): nothing is judged against it (a
+      sampler that has not mixed is NOT CONVERGED all the same).
 
     Two kinds of rule. **Samplers** (nuts, gibbs): z-tests of the mean and sd differences in combined Monte
     Carlo standard errors, Bonferroni-corrected over the method's tests at family-wise error 0.01.
@@ -297,19 +306,21 @@ def compare(
         values, table = _load_data(data, spec, column, dropna)
         try:
             result = compare_on_data(spec, values, chosen, out=out, seed=seed, hyper=_parse_sets(set_ or []),
-                                     reference=_parse_sets(reference or []), cache_dir=cache_dir, fresh=fresh,
+                                     reference=_parse_sets(reference or []), reference_method=reference_method,
+                                     reference_budget=reference_budget or None, cache_dir=cache_dir, fresh=fresh,
                                      fresh_reference=fresh_reference, log=typer.echo, **table)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         ref = result.reference
         source = (f"the stored reference {ref.stored!r}" if ref.stored else "reused from the cache" if ref.reused
                   else f"made in {ref.seconds:.0f} s")
-        typer.echo(f"reference: {source} ({'healthy' if ref.healthy else 'NOT healthy'}) in {ref.folder}")
+        typer.echo(f"reference: {source} ({'healthy' if ref.healthy else 'NOT healthy'}) in {ref.folder}; made by "
+                   f"{ref.method}")
         typer.echo(f"comparison written to {result.page} ({result.seconds['total']:.0f} s)")
         return
-    if column or dropna or set_ or reference or cache_dir or fresh_reference:
-        raise typer.BadParameter("--column, --dropna, --set, --reference, --cache-dir and --fresh-reference go "
-                                 "with --data (your own data)", param_hint="--data")
+    if column or dropna or set_ or reference or cache_dir or fresh_reference or reference_method:
+        raise typer.BadParameter("--column, --dropna, --set, --reference, --reference-method, --cache-dir and "
+                                 "--fresh-reference go with --data (your own data)", param_hint="--data")
     with explained_warnings(typer.echo):
         try:  # every method and option is validated before the first fit
             trees = run_comparison(spec, chosen, out, seed=seed, fresh=fresh, log=typer.echo)
