@@ -242,12 +242,12 @@ EXTEND_MIN_FACTOR = 1.5  # an extension at least multiplies the draws by this
 
 def sampler_settings(name: str, method: str = "nuts", **options: Any) -> dict[str, Any]:
     """The options of a reference run of ``name`` by ``method``: NUTS as ``reference_settings``; another exact
-    sampler: the hyperparameters of ``spec.reference_options``, then ``options`` (the method's own options over
-    its defaults). ``ValueError`` for thinning (a reference runs unthinned and is thinned after the run)."""
+    sampler: ``options`` (its own options over its defaults, and hyperparameters: unset ones are the model's
+    ``Hyper`` defaults, as for ``reference_settings``). ``ValueError`` for thinning (a reference runs unthinned and
+    is thinned after the run)."""
     if method == "nuts":
         return reference_settings(name, **options)
-    spec = zoo.get(name)
-    opts = {**{k: v for k, v in spec.reference_options.items() if k in spec.hyperparameters}, **options}
+    opts = dict(options)
     if opts.get("thinning", 1) != 1:
         raise ValueError(f"thinning: a reference runs unthinned and keeps {MAX_DRAWS} evenly spaced draws; got "
                          f"thinning={opts['thinning']!r} (drop it, raise num_samples instead)")
