@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 
@@ -52,8 +53,11 @@ def _spec_of(tree: xr.DataTree) -> zoo.ModelSpec | None:
 def compared_posterior(tree: xr.DataTree, spec: zoo.ModelSpec | None = None) -> xr.Dataset:
     """The dataset a scorecard compares: the label-invariant summaries for mixtures (of the data and
     hyperparameters the tree was fitted with, ``inference.trees.problem_of``), else the posterior."""
-    spec = spec or _spec_of(tree)
-    post = tree["posterior"].to_dataset()
+    return _compared(tree["posterior"].to_dataset(), tree, spec or _spec_of(tree))
+
+
+def _compared(post: xr.Dataset, tree: xr.DataTree, spec: zoo.ModelSpec | None) -> xr.Dataset:
+    """``compared_posterior`` of the posterior draws ``post`` of ``tree``."""
     if spec is not None and spec.summaries is not None:
         _, data, hyper = problem_of(tree)
         return with_user_labels(spec.summaries(post, data, hyper), post)
@@ -241,12 +245,38 @@ class ComparedView:
             record = json.loads(self.tree.attrs.get("validation", "{}"))
         except (TypeError, ValueError):
             record = {}
+        if record.get("failures") or record.get("advice"):
+            named = self._record_names()
+            record = {**record, "failures": [named(f) for f in record.get("failures", [])],
+                      "advice": [named(a) for a in record.get("advice", [])]}
         extra = [f for f in record.get("failures", []) if f not in health["failures"]]
         if extra:
             health = {**health, "failures": health["failures"] + extra, "reliable": False}
         if record.get("advice") and not health["reliable"]:
             health = {**health, "advice": list(record["advice"])}
         return health
+
+    def _record_names(self):
+        """A function rewriting the labels of the tree's validation record, written when the tree had positions
+        where it now has the user's labels (a reference made on the bare arrays, ``carry_user_labels``), into
+        this view's labels (``mu_sorted[0,1]`` -> ``mu_sorted[0,Hwt]``). The positional labels come from the
+        compared quantities of one draw with those labels taken off."""
+        post = self.tree["posterior"].to_dataset()
+        carried = [d for d in post.dims if d not in SAMPLE_DIMS and d in post.coords and post[d].dtype.kind in "USO"]
+        if not carried:
+            return lambda text: text
+        one = post.isel(chain=[0], draw=[0]).assign_coords({d: np.arange(post.sizes[d]) for d in carried})
+        bare = _compared(one, self.tree, self.spec)
+        mapping = {}
+        for name in self.ds.data_vars:
+            if name in bare.data_vars and bare[name].shape[2:] == self.ds[name].shape[2:]:
+                pairs = zip(labels_of(bare[name], name), labels_of(self.ds[name], name), strict=True)
+                mapping.update({old: new for old, new in pairs if old != new})
+        if not mapping:
+            return lambda text: text
+        pattern = re.compile(r"(?<![\w])(" + "|".join(re.escape(k) for k in sorted(mapping, key=len, reverse=True))
+                             + ")")
+        return lambda text: pattern.sub(lambda m: mapping[m.group(1)], text)
 
     @cached_property
     def options(self) -> dict:

@@ -219,8 +219,7 @@ scores[["method", "kind", "verdict", "max_std_mean_error", "min_sd_ratio", "w1_j
         "bound", "ess_per_second", "run_seconds"]]
 
 # %%
-for row in scores.itertuples():
-    print(f"{row.method:15s} {row.verdict:13s} {row.reasons}")
+print(scores)   # the verdict list, one line per method, as `zoo compare` prints it (full reasons: scores["reasons"])
 
 # %% [markdown]
 # The mean-field guide fails on two independent counts: the scorecard sees it is too narrow, and its

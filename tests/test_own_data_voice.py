@@ -274,3 +274,27 @@ def test_compare_returns_a_result_whose_repr_is_the_verdict_list_and_shows_no_ba
     assert result._repr_html_().startswith("<pre>exact: ")
     err = capfd.readouterr().err
     assert "it/s" not in err and "%|" not in err, err[-2000:]
+
+
+def test_an_unhealthy_reference_made_on_the_bare_arrays_names_its_failures_by_the_tables_labels(data, tmp_path):
+    """The validation record of a reference made on the bare arrays (``diagnostics.compare`` makes it so) names
+    positions; next to candidates fitted from the table, its failures and advice read in the table's labels."""
+    frame = pd.DataFrame({"Bwt": data["X"][:, 0], "Hwt": data["X"][:, 1], "heart": data["y"]})
+    zoo.register(LABELLED, replace=True)
+    try:
+        ref = inference.fit("dq_linreg", data, "exact", seed=1, num_samples=1000, num_chains=4)
+        ref.attrs["validation"] = json.dumps({
+            "failures": ["second seed: means differ by 5.2 combined MCSE on abs_beta[1] (need < 4; 1 quantities "
+                         "fail)"],
+            "advice": ["abs_beta[1] and beta_sorted[0] disagree between seeds: run longer"]})
+        cand = inference.fit("dq_linreg", frame, "exact_q", seed=2, columns={"X": ["Bwt", "Hwt"], "y": "heart"})
+        diagnostics.report("dq_linreg", {"reference": ref, "exact_q": cand}, tmp_path)
+    finally:
+        zoo.register(LINREG, replace=True)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    health = summary["reference_health"]
+    assert health["failures"] == ["second seed: means differ by 5.2 combined MCSE on abs_beta[Hwt] (need < 4; 1 "
+                                  "quantities fail)"], health
+    assert health["advice"] == ["abs_beta[Hwt] and beta_sorted[0] disagree between seeds: run longer"]
+    assert summary["methods"]["exact_q"]["verdict"] == NOT_JUDGED
+    assert not POSITIONAL.search((tmp_path / "report.html").read_text())
