@@ -463,8 +463,9 @@ def own_reference(spec: zoo.ModelSpec | str, data: Mapping[str, Any], *, setting
             continue
         if references.data_mismatch(spec, data_of(tree), data) is None:
             method = record.get("method", "nuts")
+            made = float(tree.attrs.get("reference_seconds", tree.attrs.get("wall_seconds", float("nan"))))
             log(f"reference: reusing the cached {'healthy' if healthy else 'UNHEALTHY'} {method} reference {path} "
-                f"(made in {float(tree.attrs.get('wall_seconds', float('nan'))):.0f} s)")
+                f"(made in {made:.0f} s)")
             return OwnReference(tree, healthy, True, folder, 0.0, method=method)
     if not make:
         raise NoReference(f"no stored or cached NUTS reference of {spec.name!r} has these data and hyperparameters "
@@ -496,7 +497,7 @@ def own_reference(spec: zoo.ModelSpec | str, data: Mapping[str, Any], *, setting
                 break
             continue
         record = {**json.loads(tree.attrs["validation"]), "tried": tried}
-        tree.attrs["validation"] = json.dumps(record, default=repr)
+        tree.attrs.update({"validation": json.dumps(record, default=repr), "reference_seconds": time.time() - t0})
         inference.save(tree, folder / "reference.nc")
         shutil.rmtree(folder / "work", ignore_errors=True)
         log("reference: healthy; " + "; ".join(references.provenance(record)))
@@ -507,7 +508,8 @@ def own_reference(spec: zoo.ModelSpec | str, data: Mapping[str, Any], *, setting
         f"no exact sampler met the health rule (tried {', '.join(t['method'] for t in tried)}; the reference shown is "
         f"{shown}'s run)", *tried[0]["failures"], *[f"{t['method']}: {f}" for t in tried[1:] for f in t["failures"]]]}
     record["advice"] = list(record.get("advice", [])) + _more_advice(spec, settings, tried, budget)
-    tree.attrs.update({"validation": json.dumps(record, default=repr), "reliable": 0})
+    tree.attrs.update({"validation": json.dumps(record, default=repr), "reliable": 0,
+                       "reference_seconds": time.time() - t0})
     inference.save(tree, folder / "reference-unhealthy.nc")
     if not any(t["extension"].startswith("stopped at the budget") for t in tried):
         shutil.rmtree(folder / "work", ignore_errors=True)   # kept when a larger budget could resume it
