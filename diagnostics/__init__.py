@@ -15,15 +15,18 @@ prior sensitivity.
 >>> diagnostics.report_index({"hlcr": "out/hlcr/report.html"}, "out")
 >>> from diagnostics.compare import compare_model, run_demo   # the pipeline of `zoo compare` / `zoo demo`
 >>> compare_model("hlcr", ["nuts", "gibbs"], "out")              # fit (or reuse), report, verdict lines
+>>> diagnostics.posteriordb.export_posteriordb("pdb")                 # every stored reference, posteriordb's layout
+>>> ref = diagnostics.reference_from_posteriordb("pdb", "hlcr_b2-hlcr")  # a posteriordb reference as ours
 >>> diagnostics.compare("hlcr", frame, ["gibbs", "vbem"], columns={"y": "sales", "agent": "store"})  # your data
 """
 
 from zoo import _runtime  # noqa: F401  (JAX set-up and `import numpyro` before arviz)
 
 # isort: split
-from diagnostics import plots, references
+from diagnostics import plots, posteriordb, references
 from diagnostics.compare import compare, sensitivity_report
 from diagnostics.metrics import psis_khat
+from diagnostics.posteriordb import reference_from_posteriordb
 from diagnostics.report import report, report_index
 from diagnostics.sbc import SBCResult, sbc, vsbc
 from diagnostics.scorecard import VERDICTS, method_scores, reference_health, scorecard
@@ -31,6 +34,7 @@ from diagnostics.sensitivity import sensitivity
 from diagnostics.view import ComparedView, compared_posterior, compared_view
 
 __all__ = ["VERDICTS", "ComparedView", "SBCResult", "compare", "compared_posterior", "compared_view", "method_scores",
-           "plots",
-           "psis_khat", "reference_health", "references", "report", "report_index", "sbc", "scorecard",
+           "plots", "posteriordb",
+           "psis_khat", "reference_from_posteriordb", "reference_health", "references", "report", "report_index", "sbc",
+           "scorecard",
            "sensitivity", "sensitivity_report", "vsbc"]

@@ -39,6 +39,7 @@ from inference.trees import problem_of
 
 FLOOR_FRACTION = 0.01  # absolute floor of a bounded quantity, as a fraction of its range (module scorecard)
 NUMERIC_FLOOR = 1e-9  # differences below 1e-9 x max(1, |reference mean|) are float noise, never a failure
+COMPARED_ATTR = "compared_posterior"  # a tree whose posterior holds the compared quantities (an imported reference)
 STAT_COLUMNS = ("mean", "sd", "ess_bulk", "ess_tail", "ess_mean", "rhat", "mcse_mean", "mcse_sd")
 
 
@@ -57,7 +58,10 @@ def compared_posterior(tree: xr.DataTree, spec: zoo.ModelSpec | None = None) -> 
 
 
 def _compared(post: xr.Dataset, tree: xr.DataTree, spec: zoo.ModelSpec | None) -> xr.Dataset:
-    """``compared_posterior`` of the posterior draws ``post`` of ``tree``."""
+    """``compared_posterior`` of the posterior draws ``post`` of ``tree`` (a tree marked ``COMPARED_ATTR``, a
+    reference read from posteriordb, holds them already)."""
+    if tree.attrs.get(COMPARED_ATTR):
+        return with_user_labels(post, post)
     if spec is not None and spec.summaries is not None:
         _, data, hyper = problem_of(tree)
         return with_user_labels(spec.summaries(post, data, hyper), post)

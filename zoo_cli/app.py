@@ -260,6 +260,10 @@ def compare(
         help="With --data: where references made on your data are cached (default: "
              "$BAYES_ZOO_CACHE/references or ~/.cache/bayes-zoo/references).")] = None,
     fresh_reference: Annotated[bool, typer.Option(help="With --data: remake the cached reference.")] = False,
+    reference_posteriordb: Annotated[str | None, typer.Option(
+        help="ROOT/NAME: judge the methods against the reference draws of posterior NAME of the local posterior "
+             "database ROOT (posteriordb's layout, e.g. written by `zoo references --export-posteriordb ROOT`), "
+             "fitted on its data with its hyperparameters.", metavar="ROOT/NAME")] = None,
     device: DeviceOption = None,
 ) -> None:
     """Fit several methods and write the comparison with an MCMC reference (scorecard, verdicts, plots, HTML
@@ -302,6 +306,23 @@ def compare(
 
     spec = _spec(model)
     chosen = [m.strip() for m in methods.split(",") if m.strip()] or methods_for(spec)
+    if reference_posteriordb is not None:
+        if data is not None or column or dropna or set_ or reference or reference_method or cache_dir or \
+                fresh_reference:
+            raise typer.BadParameter("--reference-posteriordb brings its own data and hyperparameters; it does not "
+                                     "go with --data, --column, --dropna, --set or the --reference options",
+                                     param_hint="--reference-posteriordb")
+        from diagnostics.posteriordb import compare_with_posteriordb
+
+        try:
+            with explained_warnings(typer.echo):
+                page = compare_with_posteriordb(spec, reference_posteriordb, chosen, out, seed=seed, fresh=fresh,
+                                                log=typer.echo)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc).split(": ", 1)[-1] if str(exc).startswith("reference_posteriordb")
+                                     else str(exc), param_hint="--reference-posteriordb") from None
+        typer.echo(f"comparison written to {page}")
+        return
     if data is not None:
         values, table = _load_data(data, spec, column, dropna)
         try:
@@ -404,6 +425,10 @@ def references(
                      ] = False,
     check: Annotated[bool, typer.Option(help="Run nothing: recompute each stored reference's health from its "
                                              "stored draws and check its validation record.")] = False,
+    export_posteriordb: Annotated[Path | None, typer.Option(
+        help="Run nothing: write every stored reference (of MODELS) into a posterior database at this folder, in "
+             "posteriordb's layout (posteriors/, data/, models/ with runnable NumPyro code, reference_posteriors/).")
+    ] = None,
     device: DeviceOption = None,
 ) -> None:
     """Make the stored reference posteriors in zoo/references/ (`make references`), to posteriordb's standard or
@@ -416,7 +441,11 @@ def references(
 
     Resumable: a stored reference that is healthy and was made with the current settings on the same data is
     kept (--force regenerates it), and each finished run is checkpointed in zoo/references/.work/, so an
-    interrupted run restarts only what is missing."""
+    interrupted run restarts only what is missing.
+
+    --export-posteriordb DIR writes them for posteriordb's readers instead (its Python package:
+    `PosteriorDatabase(DIR).posterior("hlcr_b2-hlcr").reference_draws()`); the draws are the compared quantities
+    (label-invariant summaries for mixtures, as each model's info says)."""
     import os
 
     # JAX's CPU LAPACK calls go through scipy's OpenBLAS; with its default threads a 51 x 51 triangular solve took
@@ -430,6 +459,20 @@ def references(
     import zoo
     from diagnostics import references as refs
 
+    if export_posteriordb is not None:
+        if check or force:
+            raise typer.BadParameter("--export-posteriordb runs nothing; it does not go with --check or --force",
+                                     param_hint="--export-posteriordb")
+        from diagnostics.posteriordb import export_posteriordb as export
+
+        for name in models or []:
+            _spec(name)
+        try:
+            written = export(export_posteriordb, models or None, log=typer.echo)
+        except (ValueError, OSError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--export-posteriordb") from None
+        typer.echo(f"{len(written)} posterior(s) written to {export_posteriordb}")
+        return
     refused = []
     for name in models or zoo.list_models():
         spec = _spec(name)
