@@ -23,11 +23,16 @@ _lock = threading.Lock()
 _installed = False
 
 
-def _listener(event: str, start: float, end: float, **_: object) -> None:
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+
+
+def _listener(event: str, start: float, end: float, **kwargs: object) -> None:
     if event in _COMPILE_EVENTS and _active:
         with _lock:
             for watch in _active:
                 watch._spans.append((start, end))
+                if event == _BACKEND_COMPILE:
+                    watch.xla_compiles.append(str(kwargs.get("fun_name", "?")))
 
 
 def _install() -> None:
@@ -43,6 +48,9 @@ class Stopwatch:
     def __init__(self) -> None:
         self._spans: list[tuple[float, float]] = []
         self.wall_seconds = 0.0
+        # the name of every XLA program built inside (``jit(<function>)``; an eager operation is
+        # ``jit(<primitive>)``), loaded from the persistent compilation cache or compiled
+        self.xla_compiles: list[str] = []
 
     def __enter__(self) -> Stopwatch:
         _install()

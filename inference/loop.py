@@ -10,7 +10,10 @@ A kernel is a module with NamedTuples ``State`` and ``Info`` and pure functions
 
 ``problem`` is a pytree of arrays (the data and hyperparameters the kernel needs) and static numbers
 closed over by the kernel's functions; it is passed as an argument, never closed over, so data sets of the
-same shapes share one compiled program and the persistent compilation cache.
+same shapes share one compiled program and the persistent compilation cache. The loop's programs are kept in
+the registry of compiled programs (``inference.programs``), keyed by what the kernel's functions compute (their
+code and the values they close over), so a second fit with a kernel of the same configuration compiles nothing
+even where its factory built new closures.
 
 This module runs them:
 
@@ -38,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from inference import programs
 from inference.progress import progress_enabled
 
 Kernel = Callable[..., Any]
@@ -158,7 +162,7 @@ def run_until_converged(init: Kernel, step: Kernel, problem: Any, key: jax.Array
 INFO_BUFFER_BYTES = 64 * 2**20   # the most a default chunk's per-step Info buffer may take (all restarts)
 
 
-@functools.lru_cache(maxsize=64)
+@programs.cached(maxsize=64)
 def _fresh_flags(num_restarts: int):
     """``_flags`` on the host, made once (immutable arrays; never call this inside a trace: it would cache
     tracers)."""
@@ -177,7 +181,7 @@ def _pick(tree, i):
     return jax.tree.map(lambda a: a[i], tree)
 
 
-@functools.lru_cache(maxsize=64)
+@programs.cached(maxsize=64)
 def _optimiser_start(init: Kernel, num_restarts: int):
     """Key splitting and every restart's ``init`` in one compiled call: (keys, strongly typed states)."""
 
@@ -206,7 +210,7 @@ def _one_restart_step(step: Kernel, rule: StopRule):
     return one
 
 
-@functools.lru_cache(maxsize=64)
+@programs.cached(maxsize=64)
 def _optimiser_start_and_run(init: Kernel, step: Kernel, rule: StopRule, chunk: int, num_restarts: int):
     """``_optimiser_start`` then the first chunk (``_optimiser_chunk``), one compiled program: (keys, carry,
     Info buffer). Used when one chunk may cover the run (no progress bar): a separate start program cost a
@@ -221,7 +225,7 @@ def _optimiser_start_and_run(init: Kernel, step: Kernel, rule: StopRule, chunk: 
     return jax.jit(start_and_run)
 
 
-@functools.lru_cache(maxsize=64)
+@programs.cached(maxsize=64)
 def _optimiser_chunk(step: Kernel, rule: StopRule, chunk: int, single: bool):
     """One compiled chunk of at most ``rows`` steps for every restart (cached per kernel, rule and chunk, so
     repeated fits in one process trace once), ``rows = chunk`` unless the per-step ``Info`` of all restarts
@@ -321,7 +325,7 @@ def _step_keys(k_steps, total: int, chunk: int):
     return jax.random.split(k_steps, total).reshape(total // chunk, chunk)
 
 
-@functools.lru_cache(maxsize=64)
+@programs.cached(maxsize=64)
 def _sampler_start(init: Kernel, num_chains: int):
     """``k_init, k_steps = split(key)`` and every chain's ``init(split(k_init, num_chains)[c])`` in one
     compiled call: (k_steps, strongly typed states)."""
@@ -334,7 +338,7 @@ def _sampler_start(init: Kernel, num_chains: int):
     return jax.jit(start)
 
 
-@functools.lru_cache(maxsize=64)
+@programs.cached(maxsize=64)
 def _sampler_chunk(step: Kernel, collect: Callable, num_chains: int):
     """(one step, one chunk), compiled. A chunk is a scan over row ``c`` of the step keys (``keys[c]``, indexed
     inside the program: no dispatch per chunk), every chain vectorised. The problem rides in the carry (not

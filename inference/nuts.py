@@ -27,10 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.infer import MCMC, NUTS
 
+from inference import programs
 from inference._init_strategies import INIT_STRATEGIES
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.progress import progress_enabled
-from inference.trees import NUMPYRO_NO_INIT, cached_or_fresh, split_arguments
+from inference.trees import NUMPYRO_NO_INIT, split_arguments
 
 
 def chain_method(num_chains: int, platform: str | None = None, device_count: int | None = None) -> str:
@@ -92,7 +93,7 @@ def _mcmc(model, static: tuple, settings: tuple, num_chains: int, method: str) -
                 thinning=o["thinning"], chain_method=method, progress_bar=o["progress"], jit_model_args=True)
 
 
-@functools.lru_cache(maxsize=16)
+@programs.cached(maxsize=16)
 def _sampler(model, static: tuple, settings: tuple) -> MCMC:
     """NumPyro's ``MCMC`` for ``model`` with its non-array arguments ``static`` bound and these settings, kept
     for the process: the data arrays are arguments of the compiled program (``jit_model_args``), so fits of
@@ -110,7 +111,7 @@ class SamplingProgram(NamedTuple):
     run: Callable
 
 
-@functools.lru_cache(maxsize=16)
+@programs.cached(maxsize=16)
 def _sampling_program(model, static: tuple, settings: tuple) -> SamplingProgram:
     """The whole NUTS run without a progress bar (the model's trace, the search for an initial point, the
     adaptation's start, warm-up and sampling, every chain) as **one** compiled program of (key, data arrays),
@@ -156,11 +157,11 @@ def run_nuts(ctx: FitContext) -> Draws:
     settings = tuple((k, o[k]) for k in SAMPLER_SETTINGS) + (("progress", progress_enabled(o["progress"])),)
     model = reform.model if reform else ctx.spec.model
     if dict(settings)["progress"]:
-        mcmc = cached_or_fresh(_sampler, model, static, settings)
+        mcmc = _sampler(model, static, settings)
         mcmc.run(ctx.key, **arrays, extra_fields=EXTRA_FIELDS)
         samples, extra = mcmc.get_samples(group_by_chain=True), mcmc.get_extra_fields(group_by_chain=True)
     else:
-        samples, extra, init_ok = cached_or_fresh(_sampling_program, model, static, settings).run(ctx.key, arrays)
+        samples, extra, init_ok = _sampling_program(model, static, settings).run(ctx.key, arrays)
         if not np.all(np.asarray(init_ok)):
             raise RuntimeError(f"{NUMPYRO_NO_INIT} (chains {np.flatnonzero(~np.asarray(init_ok)).tolist()})")
     if reform is not None:
@@ -185,11 +186,11 @@ def map_draws(reform, key, samples: dict, model_kwargs: dict, batch_size: int = 
     keys = jax.random.split(key, n_chain * n_draw)
     arrays, static = split_arguments(model_kwargs)
     batch = min(batch_size, n_chain * n_draw)
-    out = cached_or_fresh(_site_mapper, reform, static, batch)(keys, flat, arrays)
+    out = _site_mapper(reform, static, batch)(keys, flat, arrays)
     return {k: jnp.reshape(v, (n_chain, n_draw, *v.shape[1:])) for k, v in out.items()}
 
 
-@functools.lru_cache(maxsize=16)
+@programs.cached(maxsize=16)
 def _site_mapper(reform, static: tuple, batch: int):
     """The compiled ``(keys, draws, data arrays) -> model sites`` of ``map_draws``, one per reformulation and
     non-array arguments (data arrays are arguments, so same-shaped data share it)."""

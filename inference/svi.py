@@ -26,7 +26,6 @@ fit is stuck where it cannot be evaluated), or non-finite fitted parameters, dra
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -40,10 +39,11 @@ from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoGuide, AutoLowRankMultivariateNormal, AutoMultivariateNormal, AutoNormal
 from tqdm.auto import tqdm
 
+from inference import programs
 from inference._init_strategies import INIT_STRATEGIES
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.progress import progress_enabled
-from inference.trees import NonFiniteError, cached_or_fresh, split_arguments
+from inference.trees import NonFiniteError, split_arguments
 
 _GUIDES = ("normal", "lowrank", "mvn")
 SVI_SETTINGS = ("guide", "init", "rank", "learning_rate", "num_particles")
@@ -143,7 +143,7 @@ class SVIPrograms(NamedTuple):
     draw: Callable[..., Any]   # (state, key, arrays, num_samples) -> (params, draws, log_q)
 
 
-@functools.lru_cache(maxsize=16)
+@programs.cached(maxsize=16)
 def _programs(model, static: tuple, settings: tuple) -> SVIPrograms:
     """The jitted programs of SVI on ``model`` with its non-array arguments ``static`` bound and the guide and
     optimiser ``settings`` (``SVI_SETTINGS``), kept for the process (``inference.trees.split_arguments``: the
@@ -182,7 +182,7 @@ def programs_for(model, model_kwargs, options) -> tuple[SVIPrograms, dict]:
     """(the cached programs for this model, arguments and options; the data arrays to pass them)."""
     arrays, static = split_arguments(model_kwargs)
     settings = tuple((k, options[k]) for k in SVI_SETTINGS)
-    return cached_or_fresh(_programs, model, static, settings), arrays
+    return _programs(model, static, settings), arrays
 
 
 OPTIONS = {

@@ -24,6 +24,7 @@ import numpy as np
 import xarray as xr
 from numpyro import handlers
 
+from inference import programs
 from zoo import ModelSpec
 
 SAMPLE_DIMS = ("chain", "draw")
@@ -103,9 +104,9 @@ def site_dims(spec: ModelSpec, trace, name: str, shape: tuple[int, ...]) -> list
     return dims
 
 
-def _site_log_probs(spec: ModelSpec, model_kwargs: Mapping[str, Any], params: Mapping[str, Any]):
+def _site_log_probs(model, likelihood_sites: tuple, model_kwargs: Mapping[str, Any], params: Mapping[str, Any]):
     """(per-prior-site log density, pointwise log likelihood per likelihood site) at one draw."""
-    tr = handlers.trace(handlers.substitute(handlers.seed(spec.model, 0), data=params)).get_trace(**model_kwargs)
+    tr = handlers.trace(handlers.substitute(handlers.seed(model, 0), data=params)).get_trace(**model_kwargs)
     prior, lik = {}, {}
     for name, site in tr.items():
         if site["type"] != "sample":
@@ -113,7 +114,7 @@ def _site_log_probs(spec: ModelSpec, model_kwargs: Mapping[str, Any], params: Ma
         lp = site["fn"].log_prob(site["value"])
         if site.get("scale") is not None:
             lp = site["scale"] * lp
-        if name in spec.likelihood_sites:
+        if name in likelihood_sites:
             lik[name] = lp
         else:
             prior[name] = jnp.sum(lp)
@@ -132,28 +133,10 @@ def log_densities(spec: ModelSpec, model_kwargs: Mapping[str, Any], posterior: M
     flat = {k: jnp.reshape(jnp.asarray(v), (n_chain * n_draw, *v.shape[2:])) for k, v in posterior.items()}
     batch = min(batch_size, n_chain * n_draw)
     arrays, static = split_arguments(model_kwargs)
-    try:
-        key = (id(spec), hash(static), static, batch)
-    except TypeError:  # an unhashable model argument: compile for this call only
-        key = None
-    program = _LOG_DENSITY_PROGRAMS.get(key)
-    if program is None:
-        program = _log_density_program(spec, static, batch)
-        if key is not None:
-            _LOG_DENSITY_PROGRAMS[key] = program
-            _LOG_DENSITY_SPECS[id(spec)] = spec  # keeps the spec alive while its id is a key
+    program = _log_density_program(spec.model, tuple(spec.likelihood_sites), static, batch)
     prior, lik = program(arrays, flat)
     unflat = lambda d: {k: np.asarray(v).reshape((n_chain, n_draw, *v.shape[1:])) for k, v in d.items()}
     return unflat(prior), unflat(lik)
-
-
-def cached_or_fresh(builder, *args):
-    """``builder(*args)`` from its ``functools.lru_cache``, or built for this call only when an argument is
-    unhashable (a model argument or guide that cannot be a cache key)."""
-    try:
-        return builder(*args)
-    except TypeError:
-        return builder.__wrapped__(*args)
 
 
 def split_arguments(model_kwargs: Mapping[str, Any]) -> tuple[dict, tuple]:
@@ -163,24 +146,15 @@ def split_arguments(model_kwargs: Mapping[str, Any]) -> tuple[dict, tuple]:
     return arrays, tuple(sorted((k, v) for k, v in model_kwargs.items() if k not in arrays))
 
 
-_LOG_DENSITY_PROGRAMS: dict = {}
-_LOG_DENSITY_SPECS: dict = {}
-
-
-def clear_log_density_programs() -> None:
-    """Drop the cached programs of ``log_densities`` (their compiled executables go with them)."""
-    _LOG_DENSITY_PROGRAMS.clear()
-    _LOG_DENSITY_SPECS.clear()
-
-
-def _log_density_program(spec: ModelSpec, static: tuple, batch: int):
+@programs.cached
+def _log_density_program(model, likelihood_sites: tuple, static: tuple, batch: int):
     """The jitted ``(arrays, draws) -> (log_prior, log_likelihood)`` of ``log_densities``, kept per (model,
-    non-array arguments, batch): data arrays are arguments, not constants, so every fit of a model on data of
-    the same shapes reuses one compiled program."""
+    likelihood sites, non-array arguments, batch): data arrays are arguments, not constants, so every fit of a
+    model on data of the same shapes reuses one compiled program."""
 
     def densities(arrays, flat):
         kwargs = {**dict(static), **arrays}
-        return jax.lax.map(lambda q: _site_log_probs(spec, kwargs, q), flat, batch_size=batch)
+        return jax.lax.map(lambda q: _site_log_probs(model, likelihood_sites, kwargs, q), flat, batch_size=batch)
 
     return jax.jit(densities)
 

@@ -2,7 +2,6 @@
 
 import os
 import pathlib
-import sys
 import zlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -59,23 +58,15 @@ def memory_maps() -> int | None:
 
 
 def release_compiled_programs() -> None:
-    """Drop the compiled programs our own caches hold (the loop's chunks, the NUTS samplers, the SVI and
-    log-density programs) and every program JAX holds (``jax.clear_caches``)."""
+    """Drop the compiled programs of the registry (``inference.programs.clear``: the loop's chunks, the NUTS and
+    SVI programs, the log densities, the kernels) and every program JAX holds (``jax.clear_caches``)."""
     import gc
 
     import jax
 
-    from inference import loop, nuts, svi, trees
+    from inference import programs
 
-    for cached in (loop._optimiser_start, loop._optimiser_chunk, loop._optimiser_start_and_run,
-                   loop._sampler_start, loop._sampler_chunk, nuts._sampler, nuts._sampling_program, nuts._site_mapper,
-                   svi._programs):
-        cached.cache_clear()
-    for module, name in (("inference.gp_alps.svi", "_posterior_program"),
-                         ("inference.hlcr.federated", "_init_program")):
-        if module in sys.modules:   # only where loaded (importing registers methods)
-            getattr(sys.modules[module], name).cache_clear()
-    trees.clear_log_density_programs()
+    programs.clear()
     gc.collect()
     jax.clear_caches()
     gc.collect()

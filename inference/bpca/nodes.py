@@ -7,13 +7,13 @@ methods declare.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from inference import programs
 from inference._methods import Option
 from inference.bpca.common import Shard
 from inference.distributed import Protocol, run_inprocess, run_ray
@@ -68,23 +68,15 @@ def with_start(shards: Shard, start: Any) -> NodeData:
     return NodeData(shards, jax.tree.map(lambda a: jnp.broadcast_to(jnp.asarray(a), (J, *jnp.shape(a))), start))
 
 
+def _graph_key(v):
+    return ("graph", v.name, v.adjacency.shape, v.adjacency.tobytes()) if hasattr(v, "adjacency") else v
+
+
 def memoised_protocol(factory):
-    """``factory(..., graph, ...)`` built once per value of its static arguments (a graph by its adjacency),
-    so repeated fits get the same ``Protocol`` and the loop's compiled rounds."""
-    cache: dict = {}
-
-    def static(v):
-        return ("graph", v.name, v.adjacency.shape, v.adjacency.tobytes()) if hasattr(v, "adjacency") else v
-
-    @functools.wraps(factory)
-    def memoised(*args, **kwargs):
-        key = (tuple(static(a) for a in args), tuple(sorted((k, static(v)) for k, v in kwargs.items())))
-        if key not in cache:
-            cache[key] = factory(*args, **kwargs)
-        return cache[key]
-
-    memoised.cache_clear = cache.clear
-    return memoised
+    """``factory(..., graph, ...)`` built once per value of its static arguments (a graph by its adjacency), in
+    the registry of compiled programs (``inference.programs``), so repeated fits get the same ``Protocol`` and
+    the loop's compiled rounds."""
+    return programs.cached(factory, argument_key=_graph_key)
 
 
 def slot_where(mask, new, old):

@@ -9,7 +9,6 @@ Draws from q: ``inference.bpca.common.draw``.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -18,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
+from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.bpca.common import (
     Cfg,
@@ -47,7 +47,7 @@ class Kernel(NamedTuple):
     step: Callable[[jax.Array, State, Shard], tuple[State, Info]]
 
 
-@functools.lru_cache(maxsize=32)
+@programs.cached(maxsize=32)
 def kernel(cfg: Cfg) -> Kernel:
     """``init(key, shard)``: m^w = orth(randn(D, M)) from ``key``, v = 1, m^mu = 0, q(tau) = q(alpha) = Gamma(1, 1);
     ``step(key, state, shard)``: one centralised sweep = the node sweep with no neighbours and c = 1."""

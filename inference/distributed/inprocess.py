@@ -10,13 +10,13 @@ protocol's summary, the bytes every node sent (its message size if it was active
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from inference import programs
 from inference.distributed.protocol import Protocol, RunResult, node_key, tree_nbytes
 from inference.loop import StopRule, run_until_converged
 
@@ -99,7 +99,7 @@ def make_round(protocol: Protocol, participation=None):
     return one_round
 
 
-@functools.lru_cache(maxsize=32)
+@programs.cached(maxsize=32)
 def kernel(protocol: Protocol, participation=None):
     """``(init, step)`` of the round kernel (built once per protocol, so the loop's compiled chunks are reused).
     The loop's per-step key is not used: the keys come from ``Problem.key`` and the round number, as in

@@ -27,13 +27,12 @@ whichever duplicate it switched on first (notes §3.4, E12).
 Kernel shape: ``kernel(Flags(learn, collapsed, swap, paper_conditional))`` gives ``init(key, problem)`` and
 ``step(key, state, problem)`` (``problem`` the data ``Problem``) with ``Info.objective`` the log joint
 log p(Y, u, H, b, sigma2) after the sweep. The flags are static, so a sweep computes only the moves it makes;
-one compilation per variant, built once (``functools.lru_cache``). Chains, warm-up and thinning:
+one compilation per variant, built once (``inference.programs.cached``). Chains, warm-up and thinning:
 ``inference.loop.sample_chains``.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -41,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.gp_alps.common import Problem, paper_switch_logit, problem, switch_logit
 from inference.loop import sample_chains
@@ -77,7 +77,7 @@ def _latents(pb, u):
     return jnp.einsum("jnr,jr->jn", pb.F, u)
 
 
-@functools.lru_cache(maxsize=16)
+@programs.cached(maxsize=16)
 def kernel(flags: Flags) -> Kernel:
     """``init``/``step`` for these flags (module docstring)."""
     learn, collapsed, swap, paper_conditional = flags

@@ -50,6 +50,7 @@ import xarray as xr
 from numpyro.distributions import constraints
 from numpyro.infer import SVI, Trace_ELBO
 
+from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.loop import StopRule, run_until_converged
 
@@ -118,7 +119,7 @@ class SVIProblem(NamedTuple):
     paper_schedule: jax.Array
 
 
-@functools.lru_cache(maxsize=16)
+@programs.cached(maxsize=16)
 def _svi(learning_rate: float, num_particles: int) -> SVI:
     return SVI(relaxed_model, guide, optax.adam(learning_rate), Trace_ELBO(num_particles=num_particles))
 
@@ -138,7 +139,7 @@ def step(key, state: State, problem: SVIProblem, svi: SVI) -> tuple[State, Info]
     return State(st, state.t + 1), Info(objective=-loss, temperature=lam)
 
 
-@functools.lru_cache(maxsize=16)
+@programs.cached(maxsize=16)
 def kernel(learning_rate: float, num_particles: int):
     """(init, step) for the loop, one pair per optimiser setting (compiled chunks reused across fits)."""
     svi = _svi(learning_rate, num_particles)
@@ -161,7 +162,7 @@ def fit_params(key, kw, num_steps, learning_rate=0.01, num_particles=4, schedule
     return _svi(float(learning_rate), int(num_particles)).get_params(state), elbo, temps
 
 
-@functools.lru_cache(maxsize=16)
+@programs.cached(maxsize=16)
 def _posterior_program(learning_rate: float, num_particles: int, learn: bool, num_samples: int):
     """SVI state, key -> (guide params (constrained), draws, log q, rho): one compiled call after the fit (not one
     dispatch per constraint transform and draw; cached, so a second fit compiles nothing)."""

@@ -54,6 +54,7 @@ import numpy as np
 import xarray as xr
 from jax.scipy.special import digamma, gammaln
 
+from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.gp_alps.common import Problem, problem
 from inference.loop import Run, StopRule, run_until_converged
@@ -187,7 +188,7 @@ def step(key, state: State, problem: VBProblem, learn) -> tuple[State, Info]:
     return state, Info(objective=elbo(state, pb, learn), rho=jax.nn.sigmoid(state.logit_rho))
 
 
-@functools.lru_cache(maxsize=4)
+@programs.cached(maxsize=4)
 def kernel(learn: bool):
     """(init, step) for the loop with the static noise flag bound (one pair per flag, so compiled chunks are
     reused across fits)."""

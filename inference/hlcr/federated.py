@@ -17,13 +17,13 @@ after another (actors are processes, they cannot be vectorised).
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from inference import programs
 from inference._methods import Option
 from inference.distributed.inprocess import Carry, initial_carry, make_round
 from inference.distributed.protocol import Protocol, RunResult, tree_nbytes
@@ -226,7 +226,7 @@ class Kernel(NamedTuple):
 def protocol_kernel(protocol: Protocol, participation, objective: str, seed_server=None) -> Kernel:
     """``init(key, shards)``, ``step(key, state, shards)`` running ``protocol`` round by round (module
     docstring). ``seed_server(server, k_server)`` puts the server's key into its state (fedgibbs's psi draws).
-    Callers build it once per static configuration (``functools.lru_cache``), so the loop compiles it once."""
+    Callers build it once per static configuration (``inference.programs.cached``), so the loop compiles it once."""
     one_round = make_round(protocol, participation)
 
     def init(key, shards) -> State:
@@ -248,7 +248,7 @@ def message_nbytes(protocol: Protocol, shards) -> int:
     return tree_nbytes(jax.eval_shape(protocol.init, one, jax.random.key(0))[1])
 
 
-@functools.lru_cache(maxsize=32)
+@programs.cached(maxsize=32)
 def _init_program(init):
     """Every restart's ``init``, compiled once per kernel (kernels are cached per configuration), not per fit."""
     return jax.jit(jax.vmap(init, in_axes=(0, None)))

@@ -50,7 +50,6 @@ from the prior, i.e. a random initialisation too).
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import NamedTuple
 
@@ -58,6 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.distributed.audit import audited, message_spec
 from inference.distributed.protocol import Protocol
@@ -298,7 +298,7 @@ def _seed_server(server: ServerState, key) -> ServerState:
     return server._replace(key=key)
 
 
-@functools.lru_cache(maxsize=32)
+@programs.cached(maxsize=32)
 def kernel(cfg: Config, participation: float = 1.0, dropout: float = 0.0):
     """The FedHLCR kernel (``federated.protocol_kernel``) and its audit log, once per static configuration.
     The log records every message shape when the round is traced; the shapes depend only on (K, F)."""

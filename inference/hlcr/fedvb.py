@@ -17,7 +17,6 @@ through ``inference.loop`` (``inference.hlcr.federated``); the restart with the 
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import NamedTuple
 
@@ -25,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.distributed.audit import audited
 from inference.distributed.protocol import Protocol
@@ -111,7 +111,7 @@ def make_protocol(hyper: Hyper, F: int) -> Protocol:
                     summarize=summarize, name="fedhlcr vb")
 
 
-@functools.lru_cache(maxsize=32)
+@programs.cached(maxsize=32)
 def kernel(hyper: Hyper, F: int, participation: float = 1.0, dropout: float = 0.0):
     """The federated VB-EM kernel (``federated.protocol_kernel``) and its audit log, once per configuration."""
     proto, log = audited(make_protocol(hyper, F))

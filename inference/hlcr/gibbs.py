@@ -43,13 +43,13 @@ conditionals, so (z, w, psi, theta) is a joint posterior draw of the model's lat
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.hlcr.common import (
     Hyper,
@@ -226,7 +226,7 @@ def events_by_pair(X, y, pair, n_pairs) -> Events:
                   jnp.asarray(count, dtype=jnp.int32))
 
 
-@functools.lru_cache(maxsize=32)
+@programs.cached(maxsize=32)
 def kernel(hyper: Hyper, prior: str = "exact", kernel: str = "block") -> SamplerKernel:
     """The Gibbs kernel for one static configuration (built once, so ``inference.loop`` compiles it once)."""
 

@@ -44,13 +44,13 @@ needs ~10x the collapsed kernel's sweeps to reach the stationary log joint on 5,
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.hlcr.common import (
     Hyper,
@@ -161,7 +161,7 @@ def sweep(key, state: State, problem: Problem, hyper: Hyper):
     return State(z, w, log_theta, log_psi), Info(objective, jnp.sum(z != state.z))
 
 
-@functools.lru_cache(maxsize=32)
+@programs.cached(maxsize=32)
 def kernel(hyper: Hyper) -> SamplerKernel:
     """The blocked kernel for one static configuration (built once, so ``inference.loop`` compiles it once)."""
 

@@ -36,7 +36,6 @@ its draws are for display and not in log q). The fitted q is stored in group ``v
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
@@ -45,6 +44,7 @@ import numpy as np
 import xarray as xr
 from jax.scipy.special import digamma, gammaln
 
+from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.hlcr.common import (
     Hyper,
@@ -186,7 +186,7 @@ class Kernel(NamedTuple):
     step: object
 
 
-@functools.lru_cache(maxsize=32)
+@programs.cached(maxsize=32)
 def kernel(hyper: Hyper) -> Kernel:
     """``init(key, pdat)``, ``step(key, state, pdat)`` for ``inference.loop`` (one per static hyper, so the
     loop compiles once per data shape); the problem is the ``PairData``. The step is deterministic."""

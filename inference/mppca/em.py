@@ -11,7 +11,6 @@ monotone). Starts from the VB-EM initialisation (k-means + per-cluster PCA, ``in
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -20,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
+from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.loop import Run, StopRule, run_until_converged
 from inference.mppca.common import LOG_2PI, Cfg, cfg_from, chol_inv_logdet, point_draws
@@ -86,7 +86,7 @@ class Kernel(NamedTuple):
     step: Callable
 
 
-@functools.lru_cache(maxsize=32)
+@programs.cached(maxsize=32)
 def kernel(cfg: Cfg) -> Kernel:
     """The EM kernel for one static configuration (cached, so ``inference.loop`` compiles it once)."""
     tau_fixed = None if cfg.learn_tau else cfg.tau
@@ -116,7 +116,7 @@ def fit_em(Y, hyper, key, *, mixture=True, max_iter=1000, tol=1e-8, chunk=25, pr
                                     chunk=chunk, progress=progress, desc="em", init_state=start)
 
 
-@functools.lru_cache(maxsize=32)
+@programs.cached(maxsize=32)
 def _jitted(fn):
     return jax.jit(fn)
 

@@ -28,7 +28,6 @@ models it already summarises (the count-weighted variant of E16; ``equal_mass=Tr
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -37,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
+from inference import programs
 from inference.loop import StopRule, run_until_converged
 from inference.mppca import common as V
 
@@ -304,7 +304,7 @@ def box_partition(key, mu, K: int):
     return jnp.argmin(((mu[:, None] - cen[None]) ** 2).sum(-1), 1), cen
 
 
-@functools.lru_cache(maxsize=32)
+@programs.cached(maxsize=32)
 def kernel(cfg: V.Cfg, variant: str) -> Kernel:
     """The merging kernel for one static configuration and variant (cached: ``inference.loop`` compiles once)."""
 
@@ -318,7 +318,7 @@ def kernel(cfg: V.Cfg, variant: str) -> Kernel:
     return Kernel(init, step)
 
 
-@functools.lru_cache(maxsize=32)
+@programs.cached(maxsize=32)
 def _starts(cfg: V.Cfg):
     """States from host-drawn partitions (labels (R, L), centres (R, K, d)), one per restart."""
     return jax.jit(jax.vmap(lambda lab, cen, inp: merge_init(cfg, inp, lab, cen), in_axes=(0, 0, None)))

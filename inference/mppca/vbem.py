@@ -40,6 +40,7 @@ import numpyro.distributions as dist
 import xarray as xr
 from jax.scipy.special import logsumexp
 
+from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.loop import Run, StopRule, run_until_converged
 from inference.mppca.common import (
@@ -196,7 +197,7 @@ class Kernel(NamedTuple):
     draw: Callable
 
 
-@functools.lru_cache(maxsize=64)
+@programs.cached(maxsize=64)
 def kernel(cfg: Cfg) -> Kernel:
     """The VB-EM kernel for one static configuration (cached, so ``inference.loop`` compiles it once)."""
 

@@ -39,6 +39,7 @@ import numpy as np
 import xarray as xr
 from jax.scipy.linalg import cho_factor, cho_solve
 
+from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.loop import Run, StopRule, run_until_converged
 from inference.ssgp.bound import joint_cov, omega, pseudo
@@ -100,7 +101,7 @@ class Kernel(NamedTuple):
     draw: object
 
 
-@functools.lru_cache(maxsize=32)
+@programs.cached(maxsize=32)
 def kernel(cfg: Config, settings: Settings = DEFAULT_SETTINGS) -> Kernel:
     """``init(key, problem)``, ``step(key, state, problem)`` and ``draw(key, state, n)`` (jitted, ``n`` static)
     for one static configuration; cached, so repeated fits share the loop's compiled chunks."""
