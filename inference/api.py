@@ -15,6 +15,7 @@ job (the comparison pipeline, then ``fit_prepared``) use the stages; everyone el
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,6 +56,7 @@ def resolve(model: str | zoo.ModelSpec, method: str, options: Mapping[str, Any]
     ``prepare`` that need no data."""
     spec = zoo.get(model)
     meth = get_method(spec, method)
+    check_option_names(spec, meth, options)
     hyper = validate_hyper(spec, {k: v for k, v in options.items() if k in spec.hyperparameters})
     opts = resolve_options(spec, meth, {k: v for k, v in options.items() if k not in spec.hyperparameters})
     return spec, meth, hyper, opts
@@ -86,6 +88,8 @@ def prepare(model: str | zoo.ModelSpec, data: Any, method: str, *, seed: int,
     table = read_data(spec, data, columns, dropna)
     if spec.check is not None:
         with_columns(lambda: spec.check(table.data, hyper), table.columns)
+    if opts.get("z_init") is not None and {"agent", "entity"} <= table.data.keys() and "K" in hyper:
+        check_z_init(opts["z_init"], table.data, hyper)
     ctx = FitContext(spec=spec, data=table.data, hyper=hyper, options=opts, key=jax.random.key(seed), seed=seed)
     return Prepared(meth, ctx, table.axis_labels, table.provenance if table.columns else {})
 
@@ -175,6 +179,48 @@ def fit_prepared(prepared: Prepared) -> xr.DataTree:
     with Stopwatch() as watch:
         draws = run(prepared)
     return build(prepared, draws, compile_seconds=watch.compile_seconds, run_seconds=watch.run_seconds)
+
+
+def check_option_names(spec: zoo.ModelSpec, method: Method, options: Mapping[str, Any]) -> None:
+    """A ``ValueError`` for an option name that is neither an option of ``method`` nor a hyperparameter of
+    ``spec`` but close to one (``num_sample``, ``k``): it says which one was meant. Other unknown names are left
+    to ``resolve_options``, which lists every option."""
+    known = [*method.declared, *spec.hyperparameters]
+    for name in options:
+        if name in known:
+            continue
+        close = [k for k in known if k.lower() == str(name).lower()] or \
+            difflib.get_close_matches(str(name), known, n=1, cutoff=0.8)
+        if close:
+            raise ValueError(f"{name}: not an option of method {method.name!r} for {spec.name!r} nor a "
+                             f"hyperparameter; did you mean {close[0]}?")
+
+
+def check_z_init(z_init: Any, data: Mapping[str, Any], hyper: Mapping[str, Any]) -> np.ndarray:
+    """``z_init`` (hlcr's Gibbs kernels: the starting cluster of every (agent, entity) pair) as an int64 array,
+    when it is one integer label in 0..K-1 per pair of ``data`` (``zoo.hlcr.pair_structure``), else a
+    ``ValueError`` naming ``z_init`` and the offending entry. Checked by ``prepare``, so ``zoo compare`` refuses
+    it before any fit."""
+    from zoo.hlcr import pair_structure
+
+    K = int(hyper["K"])
+    n_pairs = pair_structure(data["agent"], data["entity"])["n_pairs"]
+    expected = f"z_init: expected {n_pairs} integer labels in 0..{K - 1} (one per (agent, entity) pair)"
+    try:
+        z = np.asarray(z_init)
+    except ValueError:
+        raise ValueError(f"{expected}, got a ragged list") from None
+    if z.shape != (n_pairs,):
+        raise ValueError(f"{expected}, got an array of shape {z.shape}")
+    if z.dtype.kind not in "iu":
+        bad = next((i for i, v in enumerate(z.tolist()) if isinstance(v, bool) or not isinstance(v, int)), 0)
+        raise ValueError(f"{expected}, got {z[bad].item() if z.dtype != object else z[bad]!r} (entry {bad}, "
+                         f"{'a non-integer' if z.dtype.kind == 'f' else z.dtype})")
+    out_of_range = (z < 0) | (z >= K)
+    if out_of_range.any():
+        bad = int(np.flatnonzero(out_of_range)[0])
+        raise ValueError(f"{expected}, got {z[bad].item()} (entry {bad})")
+    return z.astype(np.int64)
 
 
 MAX_SEED = 2**63 - 1

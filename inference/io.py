@@ -5,7 +5,10 @@ the target appears only when complete; the temporary file is removed on any exce
 temporaries a killed process left behind (its pid no longer running) are swept by the next ``save`` or
 ``load`` of the same target. ``save`` stores a SHA-256 checksum of every stored array and attribute in
 the root attribute ``bayes_zoo_checksum``; ``load`` recomputes it and raises ``ValueError`` on a
-mismatch, and on a truncated, empty or foreign file, instead of returning corrupted numbers.
+mismatch, and on a truncated, empty or foreign file, instead of returning corrupted numbers. A foreign file is
+any file without that attribute: a plain ``xarray`` or DataTree netCDF file, a bare HDF5 file, or one of our
+trees re-saved by other code (its values possibly changed). ``load(path, verify=False)`` reads such a file
+anyway, when the caller vouches for it; a file that carries a checksum is checked even then.
 """
 
 from __future__ import annotations
@@ -108,7 +111,7 @@ def save(tree: xr.DataTree, path: str | os.PathLike) -> Path:
     run never leaves a half-written result, and no temporary file is left behind."""
     if not isinstance(tree, xr.DataTree):
         raise ValueError(f"tree: expected an xarray.DataTree, got {type(tree).__name__}")
-    path = Path(path)
+    path = _as_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale_temporaries(path)
     out = tree.copy(deep=False)
@@ -124,11 +127,25 @@ def save(tree: xr.DataTree, path: str | os.PathLike) -> Path:
     return path
 
 
-def load(path: str | os.PathLike) -> xr.DataTree:
+def _as_path(path) -> Path:
+    """``path`` (a ``str`` or ``os.PathLike``) as a ``Path``; anything else is a ``ValueError`` naming ``path``."""
+    if isinstance(path, bytes) or not isinstance(path, str | os.PathLike) or str(path) == "":
+        raise ValueError(f"path: expected a file path (str or os.PathLike), got {path!r}")
+    return Path(path)
+
+
+def load(path: str | os.PathLike, *, verify: bool = True) -> xr.DataTree:
     """Read a tree written by ``save`` fully into memory (the file is closed afterwards) and verify its
-    checksum. Raises ``ValueError`` for a missing, truncated, corrupted or foreign file. Files written
-    before checksums existed (no ``bayes_zoo_checksum`` attribute) are read without the check."""
-    path = Path(path)
+    checksum. Raises ``ValueError`` naming ``path`` for a missing, truncated, corrupted or foreign file.
+
+    ``verify=True`` (default): the file must carry the ``bayes_zoo_checksum`` attribute ``save`` writes and match
+    it; a file without one (a plain ``xarray``/DataTree netCDF file, a bare HDF5 file, one of our trees re-saved
+    by other code) is rejected, since nothing shows its numbers are the ones a fit wrote. ``verify=False``: such a
+    file is read unchecked, for a caller who vouches for it (a tree written before checksums existed); a file
+    that carries a checksum is still checked, so a damaged file is never returned."""
+    path = _as_path(path)
+    if not isinstance(verify, bool):
+        raise ValueError(f"verify: expected True or False, got {verify!r}")
     sweep_stale_temporaries(path)
     if not path.is_file():
         raise ValueError(f"path: no such file {str(path)!r}")
@@ -139,6 +156,10 @@ def load(path: str | os.PathLike) -> xr.DataTree:
         raise ValueError(f"path: {str(path)!r} is not a readable tree file (truncated, corrupted, or not written "
                          f"by inference.save): {type(exc).__name__}: {exc}") from None
     stored = tree.attrs.pop(CHECKSUM_ATTR, None)
+    if stored is None and verify:
+        raise ValueError(f"path: {str(path)!r} was not written by inference.save: it has no {CHECKSUM_ATTR!r} "
+                         f"attribute, so its numbers cannot be checked (a foreign netCDF/HDF5 file, or a tree "
+                         f"re-saved by other code). If you trust it, read it with inference.load(path, verify=False)")
     if stored is not None and tree_checksum(tree) != stored:
         raise ValueError(f"path: {str(path)!r} is corrupted: its arrays no longer match the checksum written "
                          f"when it was saved; refit or restore the file")

@@ -57,12 +57,54 @@ def predict(tree: xr.DataTree, new_data: Any, *, columns: Mapping[str, Any] | No
         raise ValueError(f"tree: model {model!r} has no predictor; models that predict: {sorted(_PREDICTORS)}")
     if isinstance(new_data, pd.DataFrame):
         rows, used = rows_of_frame(tree, new_data, columns)
+        with_columns(lambda: check_new_values(tree, rows), used)
         return with_columns(lambda: _PREDICTORS[model](tree, rows, **options), used)
     if columns is not None:
         raise ValueError(f"columns: only for new_data given as a pandas DataFrame, got {type(new_data).__name__}")
     if not isinstance(new_data, Mapping):
         raise ValueError(f"new_data: expected a dict of arrays or a pandas DataFrame, got {type(new_data).__name__}")
+    check_new_values(tree, new_data)
     return _PREDICTORS[model](tree, dict(new_data), **options)
+
+
+def check_new_values(tree: xr.DataTree, new_data: Mapping[str, Any]) -> None:
+    """The number fields of ``new_data`` that the model's data contract declares and the tree was fitted with
+    (not its observed fields, and not index fields: their labels are the predictor's to read): real numbers,
+    finite where the field has no missing entries (a NaN input gives a NaN prediction), and every axis after the
+    first as long as in the training data (one row may drop its first axis). A ``ValueError`` naming
+    ``new_data['<field>']``, the offending entry or the axis, before the predictor runs."""
+    import zoo
+    from inference.trees import data_of
+
+    spec = zoo.get(tree.attrs["model"])
+    observed = set(spec.observed_fields if spec.observed_fields is not None else spec.likelihood_sites)
+    training = data_of(tree)
+    for f in spec.data_fields:
+        value = new_data.get(f.name)
+        if f.kind == "index" or f.name in observed or value is None or f.name not in training:
+            continue
+        name = f"new_data[{f.name!r}]"
+        try:
+            arr = np.asarray(value)
+        except ValueError as exc:   # ragged lists
+            raise ValueError(f"{name}: could not convert to an array ({exc})") from None
+        if arr.dtype.kind not in "biuf":
+            raise ValueError(f"{name}: expected real numbers, got dtype {arr.dtype}")
+        bad = ~np.isfinite(arr) & (~np.isnan(arr) if f.allow_nan else True)
+        if bad.any():
+            at = tuple(int(i) for i in np.unravel_index(int(np.flatnonzero(bad.ravel())[0]), arr.shape))
+            raise ValueError(f"{name}: {int(bad.sum())} NaN/inf value(s), the first {arr[at].item()} at entry "
+                             f"{at[0] if len(at) == 1 else at}; expected finite numbers (the prediction there would "
+                             f"be NaN)")
+        trained = np.shape(training[f.name])
+        got = arr.shape[1:] if arr.ndim == len(trained) else arr.shape if arr.ndim == len(trained) - 1 else None
+        if got is None:
+            raise ValueError(f"{name}: expected {len(trained)} axes like the training data's {f.name!r} (shape "
+                             f"{trained}), got shape {arr.shape}")
+        for axis, (want, have) in enumerate(zip(trained[1:], got, strict=True), 1):
+            if want != have:
+                raise ValueError(f"{name}: axis {axis} ({f.shape[axis]}) has size {have}, but the tree was fitted "
+                                 f"with {want} (the training data's {f.name!r} has shape {trained})")
 
 
 def rows_of_frame(tree: xr.DataTree, frame: pd.DataFrame, columns: Mapping[str, Any] | None = None

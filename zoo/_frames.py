@@ -11,11 +11,13 @@ The model's data contract (``ModelSpec.data_fields``) decides which columns feed
 ``example_header(spec)`` is the CSV header this default mapping reads (``zoo show MODEL`` prints it).
 
 Index fields (``kind="index"``: hlcr's agent and entity, ssgp's group, bpca's node) take any labels: integers
->= 0 stay integers (gaps allowed), text stays text, and any other label (negative integers, dates, category
-values) becomes its text. The models number the labels themselves (``zoo._validation.factorize``), so the
-labels reach the tree's coordinates (store names on hlcr's ``agent`` axis). The names of a two-axis field's
-columns and the table's row index become the labels of the matching axes (``FrameData.axis_labels``, keyed
-by the data contract's axis symbols; ``ModelSpec.axis_dims`` names the posterior dimension of each).
+>= 0 stay integers (gaps allowed), text stays text, and any other label (negative integers, integers beyond 64
+bits, dates, category values) becomes its exact text; ids stored as floats beyond 2**53 (where float64 no longer
+holds every integer) are a ``ValueError``. The models number the labels themselves
+(``zoo._validation.factorize``), so the labels reach the tree's coordinates (store names on hlcr's ``agent``
+axis). The names of a two-axis field's columns and the table's row index become the labels of the matching axes
+(``FrameData.axis_labels``, keyed by the data contract's axis symbols; ``ModelSpec.axis_dims`` names the
+posterior dimension of each).
 
 Missing values: NaN is data only where the field says so (bpca's ``Y``: a missing entry). Elsewhere a row
 with a missing value is a ``ValueError`` naming the column and the number of rows, unless ``dropna=True``
@@ -25,9 +27,11 @@ compiles, and every error names the column.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import difflib
 import re
+import warnings
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -37,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from zoo._registry import DataField, ModelSpec
-from zoo._validation import validate_data
+from zoo._validation import _INT64_MAX, _MAX_EXACT_FLOAT_INT, validate_data
 
 FILE_SUFFIXES = (".csv", ".parquet", ".npz")
 _NUMERIC_KINDS = {"floating", "integer", "mixed-integer-float", "boolean", "decimal", "empty"}
@@ -184,7 +188,8 @@ def resolve_columns(spec: ModelSpec, frame_columns: Sequence, columns: Mapping[s
 
 def _first_bad(series: pd.Series, bad: np.ndarray) -> str:
     where = np.flatnonzero(bad)
-    return f"{series.iloc[where[0]]!r} (row {series.index[where[0]]!r})"
+    value = series.iloc[where[0]]
+    return f"{value.item() if isinstance(value, np.number) else value!r} (row {series.index[where[0]]!r})"
 
 
 def _numbers(column: Any, series: pd.Series, field: DataField) -> np.ndarray:
@@ -206,6 +211,9 @@ def _numbers(column: Any, series: pd.Series, field: DataField) -> np.ndarray:
                              f"{_first_bad(series, not_number)}; convert the column (pandas.to_numeric) first")
     if pd.api.types.is_complex_dtype(series):
         raise ValueError(f"{what}: complex values; expected real numbers")
+    if field.kind != "float" and pd.api.types.is_unsigned_integer_dtype(series) and series.max() > _INT64_MAX:
+        raise ValueError(f"{what}: values such as {_first_bad(series, (series > _INT64_MAX).to_numpy())} do not fit "
+                         f"a signed 64-bit integer")
     values = series.to_numpy(dtype=np.float64, na_value=np.nan)
     if field.kind != "float" and np.all(np.isfinite(values)) and \
             (pd.api.types.is_integer_dtype(series) or pd.api.types.is_bool_dtype(series)):
@@ -220,6 +228,8 @@ def _labels(column: Any, series: pd.Series, field: DataField) -> np.ndarray:
         series = series.astype(series.cat.categories.dtype)
     if pd.api.types.is_bool_dtype(series):
         return series.to_numpy(dtype=np.int64)
+    if pd.api.types.is_unsigned_integer_dtype(series) and series.max() > _INT64_MAX:
+        return series.to_numpy().astype(str)      # ids beyond int64 (2**63 and up): their exact text, never wrapped
     if pd.api.types.is_integer_dtype(series):
         values = series.to_numpy(dtype=np.int64)
         return values if values.min() >= 0 else values.astype(str)
@@ -229,6 +239,11 @@ def _labels(column: Any, series: pd.Series, field: DataField) -> np.ndarray:
         if frac.any():
             raise ValueError(f"{what}: labels must be integers or text, got non-integer numbers such as "
                              f"{_first_bad(series, frac)}")
+        inexact = np.abs(values) > _MAX_EXACT_FLOAT_INT
+        if inexact.any():
+            raise ValueError(f"{what}: ids stored as floats beyond 2**53, such as {_first_bad(series, inexact)}: "
+                             f"float64 does not hold every integer there, so distinct ids may have been rounded "
+                             f"together; store the ids as integers or text")
         ints = values.astype(np.int64)
         return ints if ints.min() >= 0 else ints.astype(str)
     if pd.api.types.is_datetime64_any_dtype(series):
@@ -240,8 +255,9 @@ def _labels(column: Any, series: pd.Series, field: DataField) -> np.ndarray:
         raise ValueError(f"{what}: labels mix kinds ({sorted(kinds)}); give every label as text or every label as "
                          f"an integer")
     if kinds == {"number"}:
-        ints = values.astype(np.int64)
-        return ints if ints.min() >= 0 else ints.astype(str)
+        if min(values) < 0 or max(values) > _INT64_MAX:   # negative, or beyond int64: the exact text
+            return np.asarray([str(int(v)) for v in values], dtype=str)
+        return values.astype(np.int64)
     return np.asarray([str(v) for v in values], dtype=str)
 
 
@@ -315,6 +331,12 @@ def from_frame(spec: ModelSpec, frame: Any, columns: Mapping[str, Any] | None = 
         else:
             data[name] = arrays[0]
     used = {k: (list(v) if _is_matrix(fields[k]) else v[0]) for k, v in mapping.items()}
+    for c in unnamed_columns([c for cols in mapping.values() for c in cols]):
+        field = next(k for k, cols in mapping.items() if c in cols)
+        warnings.warn(f"column {c!r} (data[{field!r}]) has no name in its file: it is probably the row index "
+                      f"DataFrame.to_csv writes, and it is used here as data. Read the file with index_col=0, save "
+                      f"it with index=False, or name the columns of {field!r} (columns=/--column)", UserWarning,
+                      stacklevel=2)
     return FrameData(data=with_columns(lambda: validate_data(spec, data), mapping), columns=used,
                      axis_labels=axis_labels, dropped_rows=int(drop.sum()))
 
@@ -360,6 +382,8 @@ def read_table(path: str | Path) -> pd.DataFrame | dict[str, np.ndarray]:
                          + (": not an .npz archive" if suffix == ".npz" else ""))
     if suffix == ".npz":
         return _read_npz(path)
+    if suffix == ".csv":
+        _check_csv_header(path)
     try:
         frame = pd.read_csv(path) if suffix == ".csv" else pd.read_parquet(path)
     except pd.errors.EmptyDataError:
@@ -372,6 +396,33 @@ def read_table(path: str | Path) -> pd.DataFrame | dict[str, np.ndarray]:
     if len(frame) == 0:
         raise ValueError(f"path: {str(path)!r} has no rows (only a header: columns {list(frame.columns)})")
     return frame
+
+
+def _check_csv_header(path: Path) -> None:
+    """A ``ValueError`` naming ``path`` and the names for a CSV header that repeats a column name (pandas would
+    read ``x1,x1`` as ``x1`` and ``x1.1`` and use both without a word)."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig", errors="replace") as fh:
+            header = next(csv.reader(fh), [])
+    except csv.Error:
+        return   # left to pandas, whose message names the problem
+    seen, dup = set(), []
+    for name in header:
+        if name in seen and name.strip() and name not in dup:
+            dup.append(name)
+        seen.add(name)
+    if dup:
+        raise ValueError(f"path: {str(path)!r}: column name(s) {dup} appear more than once in the header; rename "
+                         f"them (each column feeds one field)")
+
+
+UNNAMED = re.compile(r"^Unnamed: \d+$")
+
+
+def unnamed_columns(columns: Sequence) -> list[str]:
+    """The columns pandas named ``Unnamed: N`` because the file's header left them blank, typically the row index
+    ``DataFrame.to_csv`` writes first."""
+    return [c for c in columns if isinstance(c, str) and UNNAMED.match(c)]
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:

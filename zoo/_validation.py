@@ -2,8 +2,10 @@
 
 Every error is a ``ValueError`` whose message names the argument (``data['X']``, ``K``, ...) and what
 was expected, so a user never meets a shape error from deep inside XLA or a tree full of NaNs.
-Nothing is converted silently: complex numbers, masked entries, strings for numbers, a list for a
-scalar, a bool for an integer, ``None`` where no default means it, are all rejected by name.
+Nothing is converted silently: complex numbers, masked entries, strings or durations (timedelta64) for
+numbers, labels of mixed kinds (the integer 1 and the text "1"), integer ids beyond 64 bits, a list for a
+scalar, a bool for an integer, ``None`` where no default means it, are all rejected by name. pandas' nullable
+number dtypes (``Float64``, ``Int64``) are read as numbers, ``<NA>`` as a missing value (NaN).
 """
 
 from __future__ import annotations
@@ -87,15 +89,60 @@ def _unmask(name: str, value: Any, field) -> Any:
                      f"values would be used as data. Drop those rows, or pass a plain array")
 
 
+def _from_pandas(value: Any) -> Any:
+    """A pandas object with nullable (extension) number dtypes (``Float64``, ``Int64``, ``boolean``) as a NumPy
+    array: the numbers' own NumPy dtype, or float64 with NaN for ``<NA>`` when an entry is missing (so the field's
+    NaN rule decides). Anything else is returned as it is (``np.asarray`` reads plain pandas objects)."""
+    if not type(value).__module__.startswith("pandas"):
+        return value
+    import pandas as pd
+
+    if isinstance(value, pd.DataFrame):
+        dtypes = list(value.dtypes)
+    elif isinstance(value, pd.Series | pd.Index | pd.api.extensions.ExtensionArray):
+        dtypes = [value.dtype]
+    else:
+        return value
+    if not any(isinstance(d, pd.api.extensions.ExtensionDtype) for d in dtypes) or not all(
+            (pd.api.types.is_numeric_dtype(d) or pd.api.types.is_bool_dtype(d))
+            and not isinstance(d, pd.CategoricalDtype) for d in dtypes):
+        return value
+    if np.asarray(pd.isna(value)).any():
+        return value.to_numpy(dtype=np.float64, na_value=np.nan)
+    return value.to_numpy(dtype=np.result_type(*[getattr(d, "numpy_dtype", d) for d in dtypes]))
+
+
+def _position(arr: np.ndarray, bad: np.ndarray) -> tuple[int, ...]:
+    """The index of the first entry of ``arr`` where ``bad`` holds."""
+    return tuple(int(i) for i in np.unravel_index(int(np.flatnonzero(bad.ravel())[0]), arr.shape))
+
+
+def _first(arr: np.ndarray, bad: np.ndarray) -> str:
+    """The first entry of ``arr`` where ``bad`` holds, with its position, for an error message."""
+    at = _position(arr, bad)
+    where = at[0] if len(at) == 1 else at
+    value = arr[at]
+    shown = repr(value.item()) if isinstance(value, np.number | np.bool_) else str(value)
+    return f"{shown} (entry {where})"
+
+
 def _as_array(name: str, value: Any, field) -> np.ndarray:
+    value = _from_pandas(value)
     if isinstance(value, np.ma.MaskedArray):
         value = _unmask(name, value, field)
+    if field.kind == "index" and isinstance(value, list | tuple):
+        value = _object_array(name, value)   # keeps the kind of every label ([1, "1"] is not two strings)
     try:
         arr = np.asarray(value)
     except Exception as exc:  # ragged lists and the like
         raise ValueError(f"data[{name!r}]: could not convert to an array ({exc})") from None
     if np.iscomplexobj(arr):
         raise ValueError(f"data[{name!r}]: complex values (dtype {arr.dtype}); expected real numbers")
+    if arr.dtype.kind == "m" and arr.size:   # a NumPy integer subtype: would pass as numbers in its own unit
+        expected = "integer ids or string labels" if field.kind == "index" else "numbers"
+        raise ValueError(f"data[{name!r}]: expected {expected}, got durations (dtype {arr.dtype}) such as "
+                         f"{_first(arr, np.ones(arr.shape, bool))}; convert them to numbers in the unit you mean "
+                         f"first (e.g. divide by np.timedelta64(1, 's') for seconds)")
     if field.kind == "index":
         return _as_labels(name, arr)
     if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
@@ -120,8 +167,14 @@ def _as_array(name: str, value: Any, field) -> np.ndarray:
 def _as_int64(name: str, arr: np.ndarray, kind: str) -> np.ndarray:
     """Integers (integer dtype, bools, or floats holding whole numbers exactly) as int64, never wrapped."""
     if np.issubdtype(arr.dtype, np.floating):
+        if np.isnan(arr).any():
+            raise ValueError(f"data[{name!r}]: expected integers ({kind}), got {int(np.isnan(arr).sum())} missing "
+                             f"value(s) (NaN or <NA>), the first at entry "
+                             f"{_position(arr, np.isnan(arr))}; this field has no missing values")
         if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
-            raise ValueError(f"data[{name!r}]: expected integers ({kind}), got non-integer values")
+            bad = ~np.isfinite(arr) | (arr != np.round(arr))
+            raise ValueError(f"data[{name!r}]: expected integers ({kind}), got non-integer values such as "
+                             f"{_first(arr, bad)}")
         if arr.size and np.max(np.abs(arr)) > _MAX_EXACT_FLOAT_INT:
             raise ValueError(f"data[{name!r}]: integer values up to {np.max(np.abs(arr)):.3g} given as floats "
                              f"are not exact (float64 holds integers up to 2**53); pass an integer array")
@@ -130,11 +183,46 @@ def _as_int64(name: str, arr: np.ndarray, kind: str) -> np.ndarray:
     return arr.astype(np.int64)
 
 
+def _object_array(name: str, value: Any) -> np.ndarray:
+    """``value`` (a list or tuple of labels) as an object array, each label keeping its own type."""
+    try:
+        arr = np.empty(np.shape(value), dtype=object)
+        arr[...] = value
+    except Exception:  # ragged: left to np.asarray's own message
+        return value
+    return arr
+
+
+def _label_kind(v: Any) -> str:
+    if isinstance(v, str | np.str_):
+        return "text"
+    if isinstance(v, bool | np.bool_):
+        return "bool"
+    if isinstance(v, int | np.integer):
+        return "integer"
+    if isinstance(v, float | np.floating):
+        return "number"
+    return type(v).__name__
+
+
 def _as_labels(name: str, arr: np.ndarray) -> np.ndarray:
-    """An index field's labels: integers >= 0 (int64) or strings, kept as given (see ``factorize``)."""
-    if arr.dtype == object:  # e.g. a list mixing Python ints, or pandas objects: accept uniform ints/strings
+    """An index field's labels: integers >= 0 (int64) or strings, kept as given (see ``factorize``). Labels of
+    one kind only: the integer 1 and the text "1" are different labels, so a mix is an error, not a merge."""
+    if arr.dtype == object:  # a list of labels, or pandas objects: accept uniform ints/strings
+        flat = arr.ravel().tolist()
+        kinds = [_label_kind(v) for v in flat]
+        if "text" in kinds and any(k != "text" for k in kinds):
+            i = kinds.index("text")
+            j = next(j for j, k in enumerate(kinds) if k != "text")
+            raise ValueError(f"data[{name!r}]: labels mix kinds: {flat[j]!r} ({kinds[j]}, entry {j}) and "
+                             f"{flat[i]!r} (text, entry {i}); give every label as text or every label as an integer")
+        huge = next((j for j, k in enumerate(kinds) if k == "integer" and not -_INT64_MAX - 1 <= flat[j] <= _INT64_MAX),
+                    None)
+        if huge is not None:
+            raise ValueError(f"data[{name!r}]: integer id {flat[huge]!r} (entry {huge}) does not fit a signed 64-bit "
+                             f"integer; give the labels as text (str) instead")
         try:
-            arr = np.array(arr.tolist())
+            arr = np.array(flat, dtype=str if kinds and set(kinds) == {"text"} else None).reshape(arr.shape)
         except Exception as exc:
             raise ValueError(f"data[{name!r}]: could not read the labels ({exc})") from None
         if arr.dtype == object or np.iscomplexobj(arr):

@@ -102,7 +102,7 @@ def _load_data(path: Path | None, spec, columns: list[str] | None = None, dropna
                ) -> tuple[object, dict]:
     """(data, table options for ``inference.fit``): a .csv/.parquet file as a DataFrame with its ``columns``
     and ``dropna``; an .npz file as a dict of arrays; no file: the simulator's default dataset."""
-    from zoo._frames import parse_column_options, read_table
+    from zoo._frames import parse_column_options, read_table, unnamed_columns
 
     try:
         mapping = parse_column_options(columns or [])
@@ -118,6 +118,10 @@ def _load_data(path: Path | None, spec, columns: list[str] | None = None, dropna
     except ValueError as exc:
         hint = f" (see `zoo show {spec.name}` for the columns or arrays it needs)" if "npz" in str(exc) else ""
         raise typer.BadParameter(str(exc).removeprefix("path: ") + hint, param_hint="--data") from None
+    for name in unnamed_columns(getattr(data, "columns", [])):
+        typer.echo(f"warning: {str(path)!r}: column {name!r} has no name in the header; it is probably the row "
+                   f"index DataFrame.to_csv writes, and it is read as data (save the file with index=False, or "
+                   f"name the columns with --column)", err=True)
     if isinstance(data, dict):
         if mapping or dropna:
             raise typer.BadParameter(f"{str(path)!r} is an .npz archive of arrays named by field; --column and "
@@ -125,6 +129,30 @@ def _load_data(path: Path | None, spec, columns: list[str] | None = None, dropna
                                      else "--dropna")
         return data, {}
     return data, {"columns": mapping or None, "dropna": dropna}
+
+
+def _check_out(out: Path, *, directory: bool) -> None:
+    """Refuse ``--out`` before anything runs (a long fit's result would otherwise be lost at the end): a file
+    path that is a directory, a directory path that is a file, or a place where no file can be created (the
+    nearest existing folder above it is a file, or is not writable: a test file is created there and removed)."""
+    import tempfile
+
+    if directory and out.exists() and not out.is_dir():
+        raise typer.BadParameter(f"{str(out)!r} is a file, not a directory", param_hint="--out")
+    if not directory and out.is_dir():
+        raise typer.BadParameter(f"{str(out)!r} is a directory; give a file name such as {str(out / 'fit.nc')!r}",
+                                 param_hint="--out")
+    folder = out if directory else out.parent
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        raise typer.BadParameter(f"cannot write {str(out)!r}: {str(existing)!r} is a file, not a directory",
+                                 param_hint="--out")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot write {str(out)!r}: {str(existing)!r} is not writable ({exc.strerror})",
+                                 param_hint="--out") from None
 
 
 @app.command("list")
@@ -209,6 +237,7 @@ def fit(
     """Fit MODEL with one method and save the ArviZ DataTree to --out (without --data: the simulator's default
     dataset). A table's labels (store names, subjects, its row index, its column names) become the tree's
     coordinates."""
+    _check_out(out, directory=False)
     _setup(device)
     import inference
     from inference.progress import explained_warnings
@@ -298,6 +327,7 @@ def compare(
     **Approximations** (variational methods, point estimates): mean within 0.2 reference sd, sd ratio 0.8-1.25,
     PSIS k-hat <= 0.7. Bounded quantities (probabilities) never fail on a difference below 1 % of their range.
     """
+    _check_out(out, directory=True)
     _setup(device)
     from diagnostics.compare import compare as compare_on_data
     from diagnostics.compare import run_comparison, write_comparison
@@ -410,6 +440,7 @@ def demo(
     if workers < 0:
         raise typer.BadParameter(f"expected 0 (one per core) or a number of processes >= 1, got {workers}",
                                  param_hint="--workers")
+    _check_out(out, directory=True)
     _setup(device)
     from diagnostics.compare import run_demo
     from diagnostics.workers import default_workers
