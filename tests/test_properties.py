@@ -19,6 +19,7 @@ oracle is independent of the validation code.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -292,6 +293,117 @@ def test_valid_input_gives_a_finite_tree_reproducible_and_independent_of_label_s
     assert a.keys() == b.keys()
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+# --------------------------------------------------------------------------------------------------
+# issue 33's families: labels of mixed kinds, ids at the 64-bit edges, durations, duplicate CSV headers
+# --------------------------------------------------------------------------------------------------
+
+ROUND2 = settings(FAST, max_examples=30)
+TIMED_FIELDS = [(m, f.name) for m in ALL_MODELS for f in zoo.get(m).data_fields if f.kind in ("float", "index")]
+
+
+@ROUND2
+@given(case=st.sampled_from(INDEX_FIELDS), as_list=st.booleans(), where=st.integers(0, 2**16),
+       spell=st.sampled_from([str, lambda i: f" {i}", lambda i: np.str_(i)]))
+def test_labels_mixing_integers_and_text_are_rejected_naming_the_field(case, as_list, where, spell):
+    name, field = case
+    data = small_data(name)
+    labels = np.unique(data[field], return_inverse=True)[1].astype(object)
+    labels[where % len(labels)] = spell(int(labels[where % len(labels)]))    # one label as text, the rest integers
+    data[field] = labels.tolist() if as_list else labels
+    assert_rejected_before_compiling(lambda: inference.prepare(name, data, inference.methods_for(name)[0], seed=0),
+                                     rf"^data\['{field}'\]: labels mix kinds")
+
+
+EDGES = {"uint64": [2**63 - 2, 2**63, 2**64 - 40], "python int": [2**64, 10**22, -(2**63) - 40],
+         "int64": [-(2**63), 2**63 - 40, 2**62], "float": [2.0**53 - 20, 2.0**53 + 2, 1e19, -1e19]}
+
+
+def _frame_of(name, data):
+    """(DataFrame, columns=) holding ``data`` (every two-axis field as columns FIELD0, FIELD1, ...)."""
+    import pandas as pd
+
+    cols, mapping = {}, {}
+    for f in zoo.get(name).data_fields:
+        if f.name not in data:
+            continue
+        arr = np.asarray(data[f.name])
+        if arr.ndim == 2:
+            mapping[f.name] = [f"{f.name}{j}" for j in range(arr.shape[1])]
+            cols.update({c: arr[:, j] for j, c in enumerate(mapping[f.name])})
+        else:
+            cols[f.name] = arr
+            mapping[f.name] = f.name
+    return pd.DataFrame(cols), mapping
+
+
+@ROUND2
+@given(case=st.sampled_from(INDEX_FIELDS), family=st.sampled_from(sorted(EDGES)), edge=st.integers(0, 3),
+       step=st.sampled_from([1, 2, 7]))
+def test_ids_at_the_64_bit_edges_keep_every_id_apart_or_are_refused_by_column(case, family, edge, step):
+    import pandas as pd
+
+    from zoo._frames import from_frame
+
+    name, field = case
+    data = small_data(name)
+    codes = np.unique(data[field], return_inverse=True)[1]
+    base = EDGES[family][edge % len(EDGES[family])]
+    ids = [base + step * k for k in range(codes.max() + 1)]            # distinct as Python numbers (the oracle)
+    frame, mapping = _frame_of(name, data)
+    frame[field] = {"uint64": lambda: np.array(ids, dtype=np.uint64)[codes],
+                    "int64": lambda: np.array(ids, dtype=np.int64)[codes],
+                    "float": lambda: np.array(ids, dtype=np.float64)[codes],
+                    "python int": lambda: pd.Series([ids[c] for c in codes], dtype=object)}[family]()
+    if family == "float" and max(abs(i) for i in ids) > 2.0**53:      # float64 may round ids together: refused
+        assert_rejected_before_compiling(lambda: from_frame(zoo.get(name), frame, mapping),
+                                         rf"^column '{field}' \(data\['{field}'\]\): ids stored as floats")
+        return
+    labels = from_frame(zoo.get(name), frame, mapping).data[field]
+    assert len(np.unique(labels)) == len(ids)                          # no two ids merged
+    first = {}
+    for c, label in zip(codes.tolist(), labels.tolist(), strict=True):  # one label per id, one id per label
+        assert first.setdefault(c, label) == label
+    assert len(set(first.values())) == len(first)
+    if family != "float":
+        assert sorted(map(str, first.values())) == sorted(str(i) for i in ids)   # the exact ids, never wrapped
+
+
+@ROUND2
+@given(case=st.sampled_from(TIMED_FIELDS), unit=st.sampled_from(["ns", "us", "ms", "s", "m", "h", "D"]),
+       method_index=st.integers(0, 10))
+def test_durations_are_refused_in_every_number_and_label_field(case, unit, method_index):
+    name, field = case
+    data = small_data(name)
+    if field not in data:
+        data[field] = np.zeros(len(next(iter(data.values()))), np.int64)
+    data[field] = np.asarray(np.round(np.asarray(data[field], dtype=np.float64))).astype(np.int64).astype(
+        f"timedelta64[{unit}]")
+    methods = inference.methods_for(name)
+    assert_rejected_before_compiling(
+        lambda: inference.prepare(name, data, methods[method_index % len(methods)], seed=0),
+        rf"^data\['{field}'\]: expected .*, got durations \(dtype timedelta64\[{unit}\]\)")
+
+
+@ROUND2
+@given(names=st.lists(st.text(alphabet="abxy_019.", min_size=1, max_size=4), min_size=1, max_size=6, unique=True),
+       which=st.integers(0, 5), at=st.integers(0, 6), rows=st.integers(1, 3))
+def test_a_csv_header_naming_a_column_twice_is_refused(tmp_path_factory, names, which, at, rows):
+    import csv
+
+    from zoo._frames import read_table
+
+    dup = names[which % len(names)]
+    header = names[:at] + [dup] + names[at:]
+    path = tmp_path_factory.mktemp("csv") / "d.csv"
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(header)
+        writer.writerows([[str(r + c) for c in range(len(header))] for r in range(rows)])
+    with pytest.raises(ValueError, match=r"^path: .*d.csv': column name\(s\) \[" + re.escape(repr(dup)) +
+                       r"\] appear more than once"):
+        read_table(path)
 
 
 # --------------------------------------------------------------------------------------------------
