@@ -268,16 +268,17 @@ def _never(*args, **kwargs):
     raise AssertionError("ran although --out cannot be written")
 
 
-@pytest.mark.parametrize("command", ["fit", "compare", "demo"])
+@pytest.mark.parametrize("command", ["fit", "compare", "demo", "sensitivity"])
 def test_10_an_unwritable_out_is_refused_before_anything_runs(command, tmp_path, monkeypatch):
     pipeline = importlib.import_module("diagnostics.compare")
     monkeypatch.setattr(inference, "fit", _never)
-    for name in ("run_comparison", "compare", "run_demo"):
+    for name in ("run_comparison", "compare", "run_demo", "sensitivity_report"):
         monkeypatch.setattr(pipeline, name, _never)
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
     args = {"fit": ["fit", "toy_normal", "-m", "exact"], "compare": ["compare", "toy_normal"],
-            "demo": ["demo", "--models", "toy_normal"]}[command]
+            "demo": ["demo", "--models", "toy_normal"], "sensitivity": ["sensitivity", "toy_normal", "-m", "exact"]
+            }[command]
     result = runner.invoke(app, [*args, "--out", str(blocker / "sub" / "x.nc")])
     assert result.exit_code == 2, result.output
     assert _says(result, "--out") and _says(result, "is a file, not a directory"), result.output

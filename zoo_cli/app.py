@@ -220,7 +220,8 @@ def show(model: Annotated[str, typer.Argument(help="Model name (see `zoo list`).
 @app.command()
 def fit(
     model: Annotated[str, typer.Argument(help="Model name (see `zoo list`).")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the result (netCDF DataTree).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the result (netCDF DataTree); "
+                                                                              "checked before fitting.")],
     method: Annotated[str, typer.Option("--method", "-m", help="nuts, svi, or a kernel of the model (`zoo show`).")
                       ] = "nuts",
     seed: Annotated[int, typer.Option(help="Random seed; the same seed and options give identical draws.")] = 0,
@@ -266,7 +267,8 @@ def compare(
     model: Annotated[str, typer.Argument(help="Model name (see `zoo list`).")],
     methods: Annotated[str, typer.Option(
         help="Comma-separated methods; default: every method of the model (`zoo show MODEL`).")] = "",
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path("zoo-compare"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output directory (checked before anything runs).")
+                   ] = Path("zoo-compare"),
     seed: Annotated[int, typer.Option(help="Random seed for every fit.")] = 0,
     fresh: Annotated[bool, typer.Option(help="Refit even when a matching result exists in --out.")] = False,
     data: DataOption = None,
@@ -395,7 +397,8 @@ def sensitivity(
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="KEY=VALUE: an option of the method or a hyperparameter (unset ones are the model's defaults, "
                       "as for `zoo fit`; `zoo show MODEL`). Repeatable.")] = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path("zoo-sensitivity"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output directory (checked before anything runs).")
+                   ] = Path("zoo-sensitivity"),
     seed: Annotated[int, typer.Option(help="Random seed of the fit.")] = 0,
     fresh: Annotated[bool, typer.Option(help="Refit even when a matching fit exists in --out.")] = False,
     device: DeviceOption = None,
@@ -408,6 +411,7 @@ def sensitivity(
 
     Each quantity gets **prior** and **likelihood** sensitivities (how fast its distribution moves per log2 of
     the power): both >= 0.05 reads *prior-data conflict*, the prior alone *strong prior / weak likelihood*."""
+    _check_out(out, directory=True)
     _setup(device)
     from diagnostics.compare import sensitivity_report
 
@@ -424,7 +428,8 @@ def sensitivity(
 
 @app.command()
 def demo(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Output directory.")] = Path("zoo-demo"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output directory (checked before anything runs).")
+                   ] = Path("zoo-demo"),
     models: Annotated[str, typer.Option(help="Comma-separated models; default: all.")] = "",
     seed: Annotated[int, typer.Option(help="Random seed for every fit.")] = 0,
     fresh: Annotated[bool, typer.Option(help="Refit even when a matching result exists in --out.")] = False,
