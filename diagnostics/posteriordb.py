@@ -21,10 +21,11 @@
   their Monte Carlo standard errors.
 
 The draws are the **compared quantities** (``diagnostics.view.compared_posterior``): for models without label
-symmetry the posterior variables themselves; for mixtures (``ModelSpec.summaries``: hlcr, gp_alps, mppca) the
-label-invariant summaries the comparison judges (sorted components, co-clustering probabilities, predictive
-means), because the raw component parameters are defined only up to a relabelling and no two runs need agree on
-them. The model's info text says which quantities they are and how they are computed.
+symmetry the posterior variables themselves; for models with one (``ModelSpec.summaries``: the mixtures hlcr and
+mppca, gp_alps's switched latent processes) the label-invariant summaries the comparison judges (sorted components,
+co-clustering and inclusion probabilities, predictive means), because the raw parameters are defined only up to a
+relabelling and no two runs need agree on them. The model's info text says which quantities they are and how they
+are computed.
 
 **Import** (``reference_from_posteriordb(root, name)``; ``zoo compare MODEL --reference-posteriordb ROOT/NAME``):
 a posterior's reference draws from a local copy of a posterior database (no network) as a reference DataTree:
@@ -143,8 +144,9 @@ def _compared_text(spec: zoo.ModelSpec) -> str:
         return ("The reference draws are the model's own parameters (the NumPyro sample sites), which the "
                 "comparison judges directly.")
     doc = " ".join((spec.summaries.__doc__ or "").split())
-    return ("This is a mixture: its component parameters are defined only up to a relabelling of the components, "
-            "so two exact runs need not agree on them. The reference draws are therefore NOT the raw parameters "
+    return ("The posterior has a label symmetry (a relabelling of mixture components or latent processes, a sign "
+            "flip) that leaves the density unchanged, so its raw parameters are identified only up to it and two "
+            "exact runs need not agree on them. The reference draws are therefore NOT the raw parameters "
             "but the label-invariant summaries that bayes-zoo compares, computed at every posterior draw of the "
             f"model's parameters by zoo.get({spec.name!r}).summaries(posterior, data, hyperparameters)"
             + (f": {doc}" if doc else ".") + " Any method's draws of the parameters are compared through the same "
@@ -239,7 +241,7 @@ def export_reference(tree: xr.DataTree, root: str | Path, tag: str) -> str:
     _write_json(root / "models" / "info" / f"{model}.info.json", {
         "name": model, "title": spec.paper or model,
         "description": f"{spec.description} {_compared_text(spec)}".strip(),
-        "keywords": ["bayes-zoo"] + (["mixture", "label-invariant summaries"] if spec.summaries else []),
+        "keywords": ["bayes-zoo"] + (["multimodal", "label-invariant summaries"] if spec.summaries else []),
         "references": [], "urls": [], "prior": {"keywords": []},
         "model_implementations": {IMPLEMENTATION: {
             "model_code": f"models/{IMPLEMENTATION}/{model}.py",
@@ -406,6 +408,15 @@ def _arrays_of(chains: list[dict[str, list]]) -> dict[str, np.ndarray]:
     return out
 
 
+def _own_labels(values: np.ndarray) -> np.ndarray:
+    """Exported coordinate values as the import keeps them: integers other than the positions 0, 1, ... (the grid
+    points a summary indexes its own entries by) as floats, so that, as in the stored tree, they name no label
+    (``diagnostics.view.with_user_labels`` carries integer labels of the posterior's own dims, not a grid's)."""
+    if values.dtype.kind in "iu" and not np.array_equal(values, np.arange(len(values))):
+        return values.astype(float)
+    return values
+
+
 def reference_from_posteriordb(root: str | Path, posterior_name: str) -> xr.DataTree:
     """The reference draws of posterior ``posterior_name`` of the local posterior database at ``root`` (no network)
     as a reference DataTree (module docstring). Raises ``ValueError`` naming the argument when ``root`` is not a
@@ -438,7 +449,7 @@ def reference_from_posteriordb(root: str | Path, posterior_name: str) -> xr.Data
                              f"{meta.get('shape')} with dims {dims}")
         data_vars[name] = (list(SAMPLE_DIMS) + dims, arr)
         for d, values in (meta.get("coords") or {}).items():
-            coords[d] = np.asarray(values)
+            coords[d] = _own_labels(np.asarray(values))
     ds = xr.Dataset(data_vars, coords={k: v for k, v in coords.items()})
 
     stats = {}

@@ -89,25 +89,29 @@ def test_posteriordb_package_reads_our_export_names_draw_counts_means_and_data(s
     assert Path(post.model.code_file_path("numpyro")).is_file()
 
 
-def test_exported_numpyro_code_evaluates_the_references_log_density_on_the_exported_data(small):
-    """models/numpyro/hlcr.py, loaded from the file posteriordb points at, on posteriordb's data dict: its log joint
-    density at stored draws equals the stored log prior + log likelihood (1e-9 relative)."""
+def _check_model_code(tree: xr.DataTree, root: Path, name: str, draws_at=(0, 500, 999)) -> None:
+    """The exported models/numpyro/<model>.py, loaded from the file posteriordb points at, on posteriordb's data
+    dict: its log joint density at stored draws equals the stored log prior + log likelihood (1e-9 relative)."""
     from numpyro.infer.util import log_density
 
-    tree, _, root, name = small
     post = posteriordb.PosteriorDatabase(str(root)).posterior(name)
-    spec = importlib.util.spec_from_file_location("pdb_hlcr_model", post.model.code_file_path("numpyro"))
+    spec = importlib.util.spec_from_file_location(f"pdb_{post.model.name}", post.model.code_file_path("numpyro"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     data = post.data.values()
     draws = tree["posterior"].to_dataset()
     lp, ll = tree["log_prior"].to_dataset(), tree["log_likelihood"].to_dataset()
-    for d in (0, 500, 999):
+    for d in draws_at:
         params = {k: draws[k].values[1, d] for k in draws.data_vars}
         value = float(log_density(module.model, (data,), {}, params)[0])
         stored = sum(float(v.values[1, d].sum()) for v in ll.data_vars.values()) + \
             sum(float(v.values[1, d]) for v in lp.data_vars.values())
-        assert value == pytest.approx(stored, rel=1e-9)
+        assert value == pytest.approx(stored, rel=1e-9), (name, d)
+
+
+def test_exported_numpyro_code_evaluates_the_references_log_density_on_the_exported_data(small):
+    tree, _, root, name = small
+    _check_model_code(tree, root, name)
 
 
 def _candidates(tree: xr.DataTree) -> dict[str, xr.DataTree]:
@@ -210,8 +214,8 @@ def test_bad_arguments_are_named(tmp_path):
 @pytest.mark.slow
 def test_every_stored_reference_exported_by_the_command_reads_back_and_round_trips(tmp_path):
     """``zoo references --export-posteriordb DIR`` writes every stored reference; the posteriordb package reads each
-    (names, draw counts, means to 1e-12); our import gives the same health, scorecard and verdicts as the stored
-    reference for candidates made of its own draws."""
+    (names, draw counts, means to 1e-12); each model's exported NumPyro code gives the stored log density; our import
+    gives the same health, scorecard and verdicts as the stored reference for a candidate made of its own draws."""
     from zoo_cli.app import app
 
     result = CliRunner().invoke(app, ["references", "--export-posteriordb", str(tmp_path)])
@@ -230,6 +234,7 @@ def test_every_stored_reference_exported_by_the_command_reads_back_and_round_tri
         for label, mean in ours.items():
             assert np.mean([x for chain in draws for x in chain[label]]) == pytest.approx(mean, rel=1e-12,
                                                                                          abs=1e-12), (name, label)
+        _check_model_code(tree, tmp_path, name, draws_at=(0, 999))
         imported = diagnostics.reference_from_posteriordb(tmp_path, name)
         assert diagnostics.reference_health(imported)["failures"] == diagnostics.reference_health(tree)["failures"]
         two = tree.isel(chain=[0, 1], missing_dims="ignore")
