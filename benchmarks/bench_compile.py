@@ -18,6 +18,7 @@ run and share columns of capped rows are then those of the shortened runs (marke
 
 from __future__ import annotations
 
+import json
 import os
 
 from benchmarks.harness import REPO, checkout_at, run_child
@@ -84,3 +85,84 @@ def main(h) -> None:
                   "fresh process with an empty compilation cache; run: the rest of its wall time; share: compile / "
                   "(compile + run). "
                   "'error' on the before side: the method did not exist yet (gibbs_blocked)."))
+
+
+COUNTS_CHILD = """
+import ast, collections, json, pathlib, sys, time
+from tests.conftest import release_compiled_programs   # the suite's settings; releases every kept program
+import jax
+import inference, zoo
+from inference._methods import get_method
+
+size = sys.argv[1]
+only = [p for p in sys.argv[2:] if p]
+root = pathlib.Path(inference.__file__).parents[1]
+ours = {"<lambda>"}
+for pkg in ("inference", "zoo"):
+    for f in (root / pkg).rglob("*.py"):
+        ours |= {n.name for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, ast.FunctionDef)}
+from jax.extend.core import Primitive
+primitives = {v.name for m in list(sys.modules.values()) if (getattr(m, "__name__", "") or "").startswith("jax")
+              for v in list(vars(m).values()) if isinstance(v, Primitive)}
+ours -= primitives | {"stage"}
+spans = []
+def span(event, start, end, **kw):
+    if event.startswith("/jax/core/compile/"):
+        spans.append((event.rsplit("/", 1)[1], str(kw.get("fun_name", "?")), end - start, kw.get("stack")))
+jax.monitoring.register_event_time_span_listener(span)
+pairs = [(m, k) for m in zoo.list_models() for k in inference.methods_for(m) if not only or f"{m}/{k}" in only]
+for model, method in pairs:
+    spec = zoo.get(model)
+    if size == "tiny":
+        declared = get_method(spec, method).declared
+        options = {**{k: o.tiny for k, o in declared.items() if o.tiny is not None}, **spec.tiny_hyperparameters}
+        data = spec.tiny_data()[0]
+    else:
+        data, options = spec.default_data()[0], dict(spec.demo_options.get(method, {}))
+    options["progress"] = False
+    release_compiled_programs()
+    out = {"pair": f"{model}/{method}", "kind": get_method(spec, method).kind}
+    for label, seed in (("cold", 3), ("second", 4)):
+        spans.clear()
+        start = time.time()
+        try:
+            inference.fit(model, data, method, seed=seed, **options)
+        except Exception as exc:
+            out["error"] = repr(exc)[:200]
+            break
+        wall = time.time() - start
+        xla = [(f.removeprefix("jit(").removesuffix(")"), s) for e, f, s, _ in spans
+               if e == "backend_compile_duration"]
+        programs = [(f, s) for f, s in xla if f in ours]
+        out[label] = {"wall": round(wall, 2), "xla": len(xla), "programs": len(programs),
+                      "eager": len(xla) - len(programs), "compile_s": round(sum(s for _, _, s, _ in spans), 2),
+                      "program_seconds": [(f, round(s, 2)) for f, s in programs]}
+    print("COUNTS " + json.dumps(out), flush=True)
+"""
+
+
+def count_compiles(tree, size: str = "tiny", pairs: tuple[str, ...] = ()) -> list[dict]:
+    """XLA compilations of every pair's cold fit and of a second fit with another seed, in one process of
+    ``tree`` that releases every kept program before each pair (``tests.conftest.release_compiled_programs``):
+    a cold fit as the test suite can see it (the modules imported; their programs, JAX's and ours, released).
+    Programs are counted whether compiled or loaded from the persistent cache; ``programs``: those named after a
+    function of ``inference/`` or ``zoo/``, ``eager``: the rest (JAX operations run one at a time)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run([sys.executable, "-c", COUNTS_CHILD, size, *pairs], cwd=tree, env=env, text=True,
+                          capture_output=True, timeout=7200)
+    rows = [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("COUNTS ")]
+    if not rows:
+        raise RuntimeError(done.stderr[-2000:])
+    return rows
+
+
+if __name__ == "__main__":
+    import sys
+
+    # python benchmarks/bench_compile.py counts TREE tiny|demo [model/method ...]: JSON lines of compile counts
+    if sys.argv[1:2] == ["counts"]:
+        for row in count_compiles(sys.argv[2], sys.argv[3], tuple(sys.argv[4:])):
+            print(json.dumps(row))

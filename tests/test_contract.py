@@ -4,7 +4,9 @@ For each pair: ``inference.fit`` on the model's tiny dataset (``ModelSpec.tiny_d
 ``tiny_hyperparameters``) with every option at its declared ``Option.tiny`` value returns a DataTree with
 the groups every tree has, finite draws of every latent site with leading (chain, draw) axes, log densities
 whose sum equals NumPyro's own ``log_density`` of the model at the draws (the oracle: NumPyro's
-``numpyro.infer.util.log_density``, not our per-site evaluation), and identical draws for the same seed.
+``numpyro.infer.util.log_density``, not our per-site evaluation), and identical draws for the same seed. The
+same fits count XLA programs (JAX's own compile events): the first fit builds at most ``XLA_PROGRAMS[pair]``,
+and a second fit, with the same seed or another one, builds none.
 A new kernel or model is covered without touching this file (the pairs come from the registry).
 """
 
@@ -17,6 +19,7 @@ from numpyro.infer.util import log_density
 import inference
 import zoo
 from inference._methods import get_method
+from inference._timing import Stopwatch
 from inference.trees import latent_sites, trace_model
 
 GROUPS = ("posterior", "sample_stats", "log_likelihood", "log_prior", "observed_data")
@@ -29,11 +32,65 @@ def tiny_options(model: str, method: str) -> dict:
     return {**{k: o.tiny for k, o in declared.items() if o.tiny is not None}, **spec.tiny_hyperparameters}
 
 
+# XLA programs (compiled, or loaded from the persistent compilation cache) of each pair's first fit on tiny data,
+# eager operations included (each compiles a program of its own), measured cold: every kept program released
+# (``python -m benchmarks.bench_compile counts . tiny``; benchmarks/results.md, "compile counts"). Inside the
+# suite a fit may find programs that earlier tests built, so it builds at most this many. Issue 28's targets: a
+# hand-written kernel at most 3 programs and no eager operation, NUTS and SVI at most 6; a pair over its target
+# keeps today's count as its bound, a regression guard until it gets there.
+XLA_PROGRAMS: dict[tuple[str, str], int] = {
+    ("bpca", "nuts"): 34,
+    ("bpca", "svi"): 28,
+    ("bpca", "vbem"): 192,
+    ("bpca", "badmm"): 237,
+    ("bpca", "dppca"): 41,
+    ("gp_alps", "nuts"): 56,
+    ("gp_alps", "svi"): 60,
+    ("gp_alps", "vbem"): 70,
+    ("gp_alps", "gibbs"): 65,
+    ("gp_alps", "svi_concrete"): 83,
+    ("hlcr", "nuts"): 52,
+    ("hlcr", "svi"): 56,
+    ("hlcr", "gibbs"): 58,
+    ("hlcr", "gibbs_blocked"): 70,
+    ("hlcr", "vbem"): 62,
+    ("hlcr", "fedgibbs"): 161,
+    ("hlcr", "fedvb"): 83,
+    ("mppca", "nuts"): 60,
+    ("mppca", "svi"): 64,
+    ("mppca", "vbem"): 92,
+    ("mppca", "em"): 70,
+    ("mppca", "vbgmm"): 59,
+    ("ppca", "nuts"): 52,
+    ("ppca", "svi"): 56,
+    ("ppca", "vbem"): 83,
+    ("ppca", "em"): 61,
+    ("ssgp_lmm", "nuts"): 50,
+    ("ssgp_lmm", "svi"): 46,
+    ("ssgp_lmm", "vb"): 124,
+    ("ssgp_logit", "nuts"): 51,
+    ("ssgp_logit", "svi"): 46,
+    ("ssgp_logit", "vb"): 124,
+    ("ssgp_probit", "nuts"): 73,
+    ("ssgp_probit", "svi"): 68,
+    ("ssgp_probit", "vb"): 145,
+}
+
+
+def target(method: str) -> int:
+    return 6 if method in ("nuts", "svi") else 3
+
+
 def check_contract(model: str, method: str, seed: int = 3) -> None:
     spec = zoo.get(model)
     data, _ = spec.tiny_data()
     options = tiny_options(model, method)
-    tree = inference.fit(model, data, method, seed=seed, **options)
+    with Stopwatch() as first:
+        tree = inference.fit(model, data, method, seed=seed, **options)
+    bound = XLA_PROGRAMS.get((model, method), target(method))
+    assert len(first.xla_compiles) <= bound, \
+        f"{model}/{method}: the first fit built {len(first.xla_compiles)} XLA programs (bound {bound}): " \
+        f"{sorted(first.xla_compiles)}"
 
     for group in GROUPS:
         assert group in tree.children, f"{model}/{method}: tree lacks group {group!r}"
@@ -57,10 +114,15 @@ def check_contract(model: str, method: str, seed: int = 3) -> None:
         assert ours == pytest.approx(float(oracle), rel=1e-9, abs=1e-9), \
             f"{model}/{method}: log_prior + log_likelihood {ours} != NumPyro log_density {float(oracle)} at draw {d}"
 
-    again = inference.fit(model, data, method, seed=seed, **options)
+    with Stopwatch() as second:
+        again = inference.fit(model, data, method, seed=seed, **options)
     for site in sites:
         np.testing.assert_array_equal(again["posterior"][site].values, post[site].values,
                                       err_msg=f"{model}/{method}: same seed, different draws of {site}")
+    with Stopwatch() as other:
+        inference.fit(model, data, method, seed=seed + 1, **options)
+    assert second.xla_compiles == other.xla_compiles == [], \
+        f"{model}/{method}: a second fit built XLA programs: {second.xla_compiles}, another seed {other.xla_compiles}"
 
 
 PAIRS = [(m, meth) for m in zoo.list_models() for meth in inference.methods_for(m)]
