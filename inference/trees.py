@@ -14,6 +14,7 @@ import contextlib
 import datetime
 import json
 import re
+import types
 from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
@@ -84,6 +85,31 @@ def trace_model(spec: ModelSpec, model_kwargs: Mapping[str, Any], params: Mappin
     return handlers.trace(handlers.seed(model, rng_seed=seed)).get_trace(**model_kwargs)
 
 
+def trace_structure(spec: ModelSpec, model_kwargs: Mapping[str, Any], params: Mapping[str, Any] | None = None,
+                    seed: int = 0) -> dict[str, dict]:
+    """What ``latent_sites`` and ``site_dims`` read of ``trace_model(spec, model_kwargs, params, seed)``: per site
+    its ``type``, ``is_observed``, ``fn`` (only its ``event_shape``) and ``cond_indep_stack``, found by tracing the
+    model abstractly (``jax.eval_shape``), so nothing is computed or compiled: run eagerly, the model's
+    operations compiled one small XLA program each, in every fit's tree. A model that cannot be traced with
+    abstract values is run eagerly."""
+    arrays, static = split_arguments(model_kwargs)
+    found: dict[str, dict] = {}
+
+    def record(arrays, params):
+        tr = trace_model(spec, {**dict(static), **arrays}, params, seed)
+        for name, site in tr.items():
+            found[name] = {"type": site["type"], "is_observed": site.get("is_observed", False),
+                           "fn": types.SimpleNamespace(event_shape=tuple(getattr(site.get("fn"), "event_shape", ()))),
+                           "cond_indep_stack": tuple(site.get("cond_indep_stack", ()))}
+        return 0
+
+    try:
+        jax.eval_shape(record, arrays, dict(params or {}))
+    except Exception:   # a model with Python control flow on data values: its eager trace
+        return dict(trace_model(spec, model_kwargs, params, seed))
+    return found
+
+
 def latent_sites(trace) -> list[str]:
     return [n for n, s in trace.items() if s["type"] == "sample" and not s["is_observed"]]
 
@@ -130,7 +156,7 @@ def log_densities(spec: ModelSpec, model_kwargs: Mapping[str, Any], posterior: M
     """
     first = next(iter(posterior.values()))
     n_chain, n_draw = first.shape[:2]
-    flat = {k: jnp.reshape(jnp.asarray(v), (n_chain * n_draw, *v.shape[2:])) for k, v in posterior.items()}
+    flat = {k: np.reshape(np.asarray(v), (n_chain * n_draw, *np.shape(v)[2:])) for k, v in posterior.items()}
     batch = min(batch_size, n_chain * n_draw)
     arrays, static = split_arguments(model_kwargs)
     program = _log_density_program(spec.model, tuple(spec.likelihood_sites), static, batch)
@@ -218,7 +244,7 @@ def build_tree(spec: ModelSpec, data: Mapping[str, np.ndarray], hyper: Mapping[s
     check_finite("posterior", posterior, method)
     model_kwargs = spec.inputs(dict(data), dict(hyper))
     one_draw = {k: v[0, 0] for k, v in posterior.items()}
-    trace = trace_model(spec, model_kwargs, one_draw)
+    trace = trace_structure(spec, model_kwargs, one_draw)
     missing = [s for s in latent_sites(trace) if s not in posterior]
     if missing:
         raise ValueError(f"method {method!r} did not return draws of latent site(s) {missing} of model "
