@@ -106,7 +106,7 @@ def strongly_typed(tree):
 
 def run_until_converged(init: Kernel, step: Kernel, problem: Any, key: jax.Array, rule: StopRule, *,
                         num_restarts: int = 1, chunk: int | None = None, progress: bool | None = None,
-                        desc: str = "", init_state: Any = None) -> Run:
+                        desc: str = "", init_state: Any = None, start_from_key: bool = False) -> Run:
     """Run ``step`` from ``init`` until ``rule`` stops it, for ``num_restarts`` restarts at once.
 
     Restart ``r`` starts from ``init(k_r, problem)`` (``k_r`` the r-th of ``jax.random.split(key,
@@ -116,10 +116,13 @@ def run_until_converged(init: Kernel, step: Kernel, problem: Any, key: jax.Array
     chunk unless its per-step ``Info`` would pass ``INFO_BUFFER_BYTES``: every chunk costs a host round
     trip); a restart whose rule has fired keeps its state and objective (its trace is cut at ``n_iter``);
     a chunk ends early once all have stopped. Raises ``FloatingPointError`` if the best objective is not
-    finite.
+    finite. ``start_from_key`` (one restart only): the run starts from ``init(key, problem)`` itself, its steps
+    keep the keys above (what an ``init_state`` of ``init(key, problem)`` gives, inside the compiled program).
     """
     if num_restarts < 1:
         raise ValueError(f"num_restarts: expected a positive integer, got {num_restarts!r}")
+    if start_from_key and num_restarts != 1:
+        raise ValueError(f"start_from_key: only for one restart, got num_restarts={num_restarts!r}")
     shown = progress_enabled(progress)
     if chunk is None:
         chunk = max(50, -(-rule.max_iter // 20)) if shown else rule.max_iter
@@ -127,10 +130,10 @@ def run_until_converged(init: Kernel, step: Kernel, problem: Any, key: jax.Array
     chunk_fn = _optimiser_chunk(step, rule, chunk, num_restarts == 1)
     first_fn = chunk_fn
     if init_state is None and chunk == rule.max_iter:   # one chunk: start and run in one program (one compile)
-        first_fn = _optimiser_start_and_run(init, step, rule, chunk, num_restarts)
+        first_fn = _optimiser_start_and_run(init, step, rule, chunk, num_restarts, start_from_key)
         keys = key
     elif init_state is None:
-        keys, init_state = _optimiser_start(init, num_restarts)(key, problem)
+        keys, init_state = _optimiser_start(init, num_restarts, start_from_key)(key, problem)
     else:
         keys, init_state = jax.random.split(key, num_restarts), strongly_typed(init_state)
     carry = None if init_state is None else (init_state, *_fresh_flags(num_restarts))
@@ -162,11 +165,11 @@ def run_until_converged(init: Kernel, step: Kernel, problem: Any, key: jax.Array
 INFO_BUFFER_BYTES = 64 * 2**20   # the most a default chunk's per-step Info buffer may take (all restarts)
 
 
-@programs.cached(maxsize=64)
 def _fresh_flags(num_restarts: int):
-    """``_flags`` on the host, made once (immutable arrays; never call this inside a trace: it would cache
-    tracers)."""
-    return _flags(num_restarts)
+    """``_flags`` on the host, in NumPy (a compiled program takes them as it takes its own outputs; built with
+    JAX operations one at a time, they compiled six small programs)."""
+    return (np.full(num_restarts, -np.inf), np.zeros(num_restarts, bool), np.zeros(num_restarts, bool),
+            np.zeros(num_restarts, np.int32))
 
 
 def _flags(num_restarts: int):
@@ -182,12 +185,14 @@ def _pick(tree, i):
 
 
 @programs.cached(maxsize=64)
-def _optimiser_start(init: Kernel, num_restarts: int):
-    """Key splitting and every restart's ``init`` in one compiled call: (keys, strongly typed states)."""
+def _optimiser_start(init: Kernel, num_restarts: int, start_from_key: bool = False):
+    """Key splitting and every restart's ``init`` in one compiled call: (keys, strongly typed states);
+    ``start_from_key``: the one restart starts from ``init(key)``."""
 
     def start(key, problem):
         keys = jax.random.split(key, num_restarts)
-        return keys, strongly_typed(jax.vmap(init, in_axes=(0, None))(keys, problem))
+        init_keys = key[None] if start_from_key else keys
+        return keys, strongly_typed(jax.vmap(init, in_axes=(0, None))(init_keys, problem))
 
     return jax.jit(start)
 
@@ -211,11 +216,12 @@ def _one_restart_step(step: Kernel, rule: StopRule):
 
 
 @programs.cached(maxsize=64)
-def _optimiser_start_and_run(init: Kernel, step: Kernel, rule: StopRule, chunk: int, num_restarts: int):
+def _optimiser_start_and_run(init: Kernel, step: Kernel, rule: StopRule, chunk: int, num_restarts: int,
+                             start_from_key: bool = False):
     """``_optimiser_start`` then the first chunk (``_optimiser_chunk``), one compiled program: (keys, carry,
     Info buffer). Used when one chunk may cover the run (no progress bar): a separate start program cost a
     compilation of ``init`` of its own (gp_alps svi_concrete: 1.3 s of 10)."""
-    start = _optimiser_start(init, num_restarts).__wrapped__
+    start = _optimiser_start(init, num_restarts, start_from_key).__wrapped__
     run_chunk = _optimiser_chunk(step, rule, chunk, num_restarts == 1).__wrapped__
 
     def start_and_run(key, problem):

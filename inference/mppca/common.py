@@ -229,8 +229,10 @@ def effective_rank(M, tau, threshold=0.1):
 
 def summary_of(cfg: Cfg, st: VBState, prune_below=2.0, rank_threshold=0.1) -> dict:
     """Point summary of a fit: kept components (N_k > prune_below), their weights alpha_k / sum alpha over
-    kept, means, rotated loadings, Algorithm-1 ranks, covariance C_k = M M^T + E[tau]^-1 I (plug-in GMM)."""
-    Et = float(tau_moments(cfg, st)[0])
+    kept, means, rotated loadings, Algorithm-1 ranks, covariance C_k = M M^T + E[tau]^-1 I (plug-in GMM). On the
+    host, in NumPy (no JAX operation run one at a time)."""
+    st = jax.device_get(st)
+    Et = float(st.c_tau / st.e_tau) if cfg.learn_tau else float(cfg.tau)
     Nk = np.asarray(st.alpha) - cfg.alpha0 if cfg.mixture else np.array([float(st.r.shape[0])])
     keep = np.flatnonzero(Nk > prune_below)
     alpha = np.asarray(st.alpha)[keep] if cfg.mixture else np.ones(1)

@@ -104,21 +104,15 @@ def kernel(cfg: Cfg) -> Kernel:
     return Kernel(init, step)
 
 
-def fit_em(Y, hyper, key, *, mixture=True, max_iter=1000, tol=1e-8, chunk=25, progress=None) -> tuple[Cfg, Run]:
+def fit_em(Y, hyper, key, *, mixture=True, max_iter=1000, tol=1e-8, chunk=None, progress=None) -> tuple[Cfg, Run]:
     """ML EM for MPPCA (K = 1: PPCA) from the VB initialisation until the relative change of the log-likelihood
     is <= ``tol`` or ``max_iter``: returns (cfg, ``inference.loop.Run``; ``info.objective`` is the monotone
     log-likelihood trace)."""
     Y = np.asarray(Y, float)
     cfg = cfg_from(hyper, Y.shape[1], mixture)
-    kern, problem = kernel(cfg), Problem(jnp.asarray(Y))
-    start = jax.tree.map(lambda a: a[None], _jitted(kern.init)(key, problem))   # one run, from init(key) itself
+    kern, problem = kernel(cfg), Problem(Y)
     return cfg, run_until_converged(kern.init, kern.step, problem, key, StopRule(int(max_iter), float(tol)),
-                                    chunk=chunk, progress=progress, desc="em", init_state=start)
-
-
-@programs.cached(maxsize=32)
-def _jitted(fn):
-    return jax.jit(fn)
+                                    chunk=chunk, progress=progress, desc="em", start_from_key=True)  # from init(key)
 
 
 EM_OPTIONS = {

@@ -29,17 +29,15 @@ Every parameter of q is stored in group ``variational`` (tests/test_log_q.py reb
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro.distributions as dist
 import xarray as xr
-from jax.scipy.special import logsumexp
 
+from inference import host_draws as hd
 from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.loop import Run, StopRule, run_until_converged
@@ -208,14 +206,14 @@ def kernel(cfg: Cfg) -> Kernel:
         state, F = sweep(cfg, state, problem)
         return state, Info(F)
 
-    def draw(key, state: VBState, n: int):
-        return _draw_q(cfg, state, key, n)
+    def draw(seed, state: VBState, n: int):
+        return _draw_q(cfg, state, seed, n)
 
     return Kernel(init, step, draw)
 
 
 def fit_vbem(Y, hyper, key, *, mixture=True, num_restarts=1, max_iter=1000, tol=1e-7, paper_literal=False,
-             chunk=25, progress=None) -> tuple[Cfg, Run]:
+             chunk=None, progress=None) -> tuple[Cfg, Run]:
     """Run VB-EM on ``Y`` (no DataTree) from ``num_restarts`` k-means initialisations in parallel until every
     restart's relative bound change is <= ``tol`` or ``max_iter``: returns (cfg, ``inference.loop.Run``; its
     ``info.objective`` is the bound after every sweep of the best restart)."""
@@ -223,43 +221,39 @@ def fit_vbem(Y, hyper, key, *, mixture=True, num_restarts=1, max_iter=1000, tol=
     cfg = cfg_from(hyper, Y.shape[1], mixture, paper_literal)
     if cfg.mixture and cfg.K > Y.shape[0]:
         raise ValueError(f"K: at most N = {Y.shape[0]} components can be initialised by k-means, got {cfg.K}")
-    problem = Problem(jnp.asarray(Y), jnp.asarray(prior_means({"Y": Y}, hyper, cfg.K)))
+    problem = Problem(Y, np.asarray(prior_means({"Y": Y}, hyper, cfg.K), float))
     kern = kernel(cfg)
     return cfg, run_until_converged(kern.init, kern.step, problem, key, StopRule(int(max_iter), float(tol)),
                                     num_restarts=num_restarts, chunk=chunk, progress=progress, desc="vbem")
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3))
-def _draw_q(cfg: Cfg, st: VBState, key, S: int):
-    """S draws of (omega, nu, Wt, mu, tau) from the q factors and log q at each (constrained space)."""
-    k1, k3, k4 = jax.random.split(key, 3)
-    K, q, d = cfg.K, cfg.q, cfg.d
-    post, lq = {}, jnp.zeros(S)
-    # every Gamma variate in one loggamma call (one sampler to compile): [alpha (K), a_nu (K q), c_tau (1)]
-    shapes = jnp.concatenate([st.alpha, st.a_nu.reshape(-1), st.c_tau[None]])
-    lg = jax.random.loggamma(k1, shapes, (S, shapes.shape[0]))
-    if cfg.mixture:
-        la = lg[:, :K]
-        lw = jnp.maximum(la - logsumexp(la, -1, keepdims=True), -700.0)   # omega_k >= e^-700: finite log densities
-        om = jnp.exp(lw)
+def _draw_q(cfg: Cfg, st: VBState, seed, S: int):
+    """S draws of (omega, nu, Wt, mu, tau) from the q factors and log q at each (constrained space), in NumPy from
+    ``np.random.default_rng(seed)`` (``inference.host_draws``: a one-shot job, not worth compiling)."""
+    rng = np.random.default_rng(seed)
+    st = jax.tree.map(lambda a: np.asarray(a, float), jax.device_get(st))
+    K, q = cfg.K, cfg.q
+    post, lq = {}, np.zeros(S)
+    if cfg.mixture:   # omega_k >= e^-700: finite log densities
+        om = np.exp(hd.log_dirichlet_variates(rng, st.alpha, (S, K), floor=-700.0))
         om = om / om.sum(-1, keepdims=True)
         post["omega"] = om
-        lq += dist.Dirichlet(st.alpha).log_prob(om)
-    nu = jnp.maximum(jnp.exp(lg[:, K:K + K * q].reshape(S, K, q)) / st.b_nu, 1e-300)
+        lq += hd.dirichlet_log_pdf(om, st.alpha)
+    nu = np.maximum(np.exp(hd.log_gamma_variates(rng, st.a_nu, (S, K, q))) / st.b_nu, 1e-300)
     post["nu"] = nu
-    lq += dist.Gamma(st.a_nu, st.b_nu).log_prob(nu).sum((-2, -1))
-    Lc = jnp.linalg.cholesky(st.SL + 1e-300 * jnp.eye(q))                        # (K, q, q)
-    eps = jax.random.normal(k3, (S, K, d, q))
-    Wrows = st.M[None] + jnp.einsum("kij,skdj->skdi", Lc, eps)                     # rows ~ N(M^i, SL)
-    post["Wt"] = jnp.swapaxes(Wrows, -1, -2)                                        # (S, K, q, d)
-    lq += dist.MultivariateNormal(st.M, scale_tril=Lc[:, None]).log_prob(Wrows).sum((-2, -1))
-    mu = st.m_mu[None] + jnp.sqrt(st.s2_mu)[None, :, None] * jax.random.normal(k4, (S, K, d))
+    lq += hd.gamma_log_pdf(nu, st.a_nu, st.b_nu).sum((-2, -1))
+    Lc = np.linalg.cholesky(st.SL + 1e-300 * np.eye(q))[:, None]                 # (K, 1, q, q): every row i
+    Wrows = hd.mvn_variates(rng, st.M, Lc, (S,))                                  # rows ~ N(M^i, SL)
+    post["Wt"] = np.swapaxes(Wrows, -1, -2)                                        # (S, K, q, d)
+    lq += hd.mvn_tril_log_pdf(Wrows, st.M, Lc).sum((-2, -1))
+    sd = np.sqrt(st.s2_mu)[:, None]
+    mu = st.m_mu + sd * rng.standard_normal((S, *st.m_mu.shape))
     post["mu"] = mu
-    lq += dist.Normal(st.m_mu, jnp.sqrt(st.s2_mu)[:, None]).log_prob(mu).sum((-2, -1))
+    lq += hd.normal_log_pdf(mu, st.m_mu, sd).sum((-2, -1))
     if cfg.learn_tau:
-        tau = jnp.exp(lg[:, -1]) / st.e_tau
+        tau = np.exp(hd.log_gamma_variates(rng, st.c_tau, (S,))) / st.e_tau
         post["tau"] = tau
-        lq += dist.Gamma(st.c_tau, st.e_tau).log_prob(tau)
+        lq += hd.gamma_log_pdf(tau, st.c_tau, st.e_tau)
     if not cfg.mixture:
         post = {k: (v[:, 0] if k != "tau" else v) for k, v in post.items()}
     return post, lq
@@ -273,6 +267,7 @@ def _variational_group(cfg: Cfg, st: VBState, summ: dict) -> xr.Dataset:
     local factors r (row, component) = q(z_n = k), m_x (row, component, column), Sx (component, column,
     column) of q(x_n | z_n = k) = N(m_x_nk, Sx_k)."""
     K = cfg.K
+    st = jax.device_get(st)
     ds = {
         "N_k": (("component",), np.asarray(summ["N_k"])),
         "kept": (("component",), np.isin(np.arange(K), summ["keep"])),
@@ -318,7 +313,7 @@ def run_vbem(ctx: FitContext) -> Draws:
     cfg, res = fit_vbem(ctx.data["Y"], ctx.hyper, jax.random.fold_in(ctx.key, 1), mixture=mixture,
                         num_restarts=o["num_restarts"], max_iter=o["max_iter"], tol=o["tol"],
                         paper_literal=o["paper_literal"], progress=o["progress"])
-    post, log_q = kernel(cfg).draw(jax.random.fold_in(ctx.key, 2), res.state, o["num_samples"])
+    post, log_q = kernel(cfg).draw((ctx.seed, 2), res.state, o["num_samples"])
     summ = summary_of(cfg, res.state, o["prune_below"], o["rank_threshold"])
     return Draws(posterior={k: np.asarray(v)[None] for k, v in post.items()},
                  sample_stats={"log_q": np.asarray(log_q)[None]}, traces={"bound": res.info.objective},
