@@ -49,11 +49,12 @@ class PairData(NamedTuple):
 
 
 def pair_data(inputs: dict) -> PairData:
-    """``PairData`` from the model inputs (``zoo.hlcr.model_inputs``)."""
-    s2 = inputs["sigma"] ** 2
-    const = -0.5 * inputs["n_ev"] * (LOG_2PI + np.log(s2)) - 0.5 * inputs["q"] / s2
-    return PairData(jnp.asarray(inputs["G"] / s2), jnp.asarray(inputs["g"] / s2), jnp.asarray(const),
-                    jnp.asarray(inputs["pair_agent"], dtype=jnp.int32))
+    """``PairData`` from the model inputs (``zoo.hlcr.model_inputs``), as NumPy arrays (compiled programs take
+    them as they are; no JAX operation runs one at a time)."""
+    s2 = np.asarray(inputs["sigma"], float) ** 2
+    const = -0.5 * np.asarray(inputs["n_ev"]) * (LOG_2PI + np.log(s2)) - 0.5 * np.asarray(inputs["q"]) / s2
+    return PairData(np.asarray(inputs["G"] / s2, float), np.asarray(inputs["g"] / s2, float),
+                    np.asarray(const, float), np.asarray(inputs["pair_agent"], dtype=np.int32))
 
 
 def cluster_sums(Gs, gs, labels, K):

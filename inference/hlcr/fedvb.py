@@ -168,7 +168,7 @@ def run_fedvb(ctx: FitContext) -> Draws:
     o = ctx.options
     agents = split_by_agent(ctx.data, o["num_agents"])
     K = int(ctx.hyper["K"])
-    k_run, k_draw = jax.random.split(ctx.key)
+    k_run, _ = jax.random.split(ctx.key)
     res, index, audit = run_federated_vb(agents, ctx.hyper, k_run, max_iter=o["max_iter"],
                                          participation=o["participation"], dropout=o["dropout"], runner=o["runner"],
                                          on_node_failure=o["on_node_failure"], chunk=o["chunk"],
@@ -180,7 +180,7 @@ def run_fedvb(ctx: FitContext) -> Draws:
     state = State(jnp.asarray(r), jnp.asarray(sv["m"]), jnp.asarray(sv["S"]), jnp.asarray(res.states.a),
                   jnp.asarray(sv["log_psi"]))
     n = o["num_samples"]
-    w, theta, z, log_q = jax.jit(draw, static_argnums=2)(k_draw, state, n)
+    w, theta, z, log_q = draw((ctx.seed, 2), state, n)
     psi = np.broadcast_to(np.exp(np.asarray(state.log_psi)), (n, K))
     add = lambda x: np.asarray(x)[None]  # noqa: E731
     attrs = {"num_agents": len(agents), "objective_per_restart": audit["objective_per_restart"],

@@ -44,16 +44,17 @@ import numpy as np
 import xarray as xr
 from jax.scipy.special import digamma, gammaln
 
+from inference import host_draws as hd
 from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.hlcr.common import (
+    TINY_LOG,
     Hyper,
     PairData,
     cluster_sums,
     make_hyper,
     pair_data,
     prior_precision,
-    sample_log_dirichlet,
 )
 from inference.loop import StopRule, run_until_converged
 
@@ -204,18 +205,21 @@ def run(key, pdat: PairData, hyper: Hyper, *, max_iter: int, tol: float, num_res
                                num_restarts=num_restarts, progress=progress, desc="hlcr vbem")
 
 
-def draw(key, state: State, num_samples: int):
-    """Draws from q: w (S, K, F), theta (S, N, K), z (S, E), and log q(w, theta) (S,)."""
-    k_w, k_t, k_z = jax.random.split(key, 3)
-    L = jnp.linalg.cholesky(state.S)
-    eps = jax.random.normal(k_w, (num_samples, *state.m.shape))
-    w = state.m + jnp.einsum("kij,skj->ski", L, eps)
-    theta = jnp.exp(sample_log_dirichlet(k_t, jnp.broadcast_to(state.a, (num_samples, *state.a.shape))))
-    z = jax.random.categorical(k_z, jnp.log(jnp.clip(state.r, 1e-300)), axis=-1, shape=(num_samples,
-                                                                                       state.r.shape[0]))
-    log_q_w = jax.vmap(lambda ww: jnp.sum(jax.scipy.stats.multivariate_normal.logpdf(ww, state.m, state.S)))(w)
-    log_q_t = jax.vmap(lambda tt: jnp.sum(jax.vmap(jax.scipy.stats.dirichlet.logpdf)(tt, state.a)))(theta)
-    return w, theta, z, log_q_w + log_q_t
+def draw(seed, state: State, num_samples: int):
+    """Draws from q: w (S, K, F), theta (S, N, K), z (S, E), and log q(w, theta) (S,), in NumPy from
+    ``np.random.default_rng(seed)`` (``inference.host_draws``: a one-shot job, not worth compiling); theta is
+    floored at the smallest normal float so its log density stays finite."""
+    rng = np.random.default_rng(seed)
+    st = jax.tree.map(np.asarray, jax.device_get(state))
+    S = num_samples
+    L = np.linalg.cholesky(st.S)
+    w = hd.mvn_variates(rng, st.m, L, (S,))
+    theta = np.exp(hd.log_dirichlet_variates(rng, st.a, (S, *st.a.shape), floor=TINY_LOG))
+    p = np.clip(st.r, 1e-300, None)
+    cdf = np.cumsum(p / p.sum(-1, keepdims=True), -1)
+    z = (rng.random((S, st.r.shape[0], 1)) > cdf[None]).sum(-1).clip(max=st.r.shape[1] - 1).astype(np.int32)
+    log_q = hd.mvn_tril_log_pdf(w, st.m, L).sum(-1) + hd.dirichlet_log_pdf(theta, st.a).sum(-1)
+    return w, theta, z, log_q
 
 
 def q_dataset(state: State):
@@ -245,15 +249,15 @@ def run_vbem(ctx: FitContext) -> Draws:
     inputs = ctx.model_kwargs
     pdat = pair_data(inputs)
     hyper = make_hyper(ctx.hyper, inputs["n_agents"])
-    k_init, k_draw = jax.random.split(ctx.key)
+    k_init, _ = jax.random.split(ctx.key)
     res = run(k_init, pdat, hyper, max_iter=o["max_iter"], tol=o["tol"], num_restarts=o["num_restarts"],
               progress=o["progress"])
     state = res.state
     # the bound per iteration, over max_iter entries: flat after the stopping rule fired (the state is frozen)
     trace = np.pad(np.asarray(res.info.objective), (0, o["max_iter"] - res.n_iter), mode="edge")
-    w, theta, z, log_q = jax.jit(draw, static_argnums=2)(k_draw, state, o["num_samples"])
+    w, theta, z, log_q = draw((ctx.seed, 2), state, o["num_samples"])
     S = o["num_samples"]
-    psi = jnp.broadcast_to(jnp.exp(state.log_psi), (S, hyper.K))
+    psi = np.broadcast_to(np.exp(np.asarray(state.log_psi)), (S, hyper.K))
     add_chain = lambda x: np.asarray(x)[None]  # noqa: E731
     return Draws(posterior={"w": add_chain(w), "psi": add_chain(psi), "theta": add_chain(theta), "z": add_chain(z)},
                  sample_stats={"log_q": add_chain(log_q)},
