@@ -308,7 +308,7 @@ def consensus_q(res, cfg: Cfg, index: np.ndarray, N: int) -> Q:
 def _distributed_draws(ctx: FitContext, cfg, res, index, J):
     o = ctx.options
     q = consensus_q(res, cfg, index, ctx.data["Y"].shape[0])
-    post, log_q = draw(jax.random.fold_in(ctx.key, 2), q, o["num_samples"])
+    post, log_q = draw((ctx.seed, 2), q, o["num_samples"])
     h = res.history
     traces = {k: h[k] for k in ("elbo", "elbo_node", "residual", "max_angle", "eta") if k in h}
     traces["bytes_sent"] = h["bytes_sent"]

@@ -27,8 +27,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro.distributions as dist
 from jax.scipy.special import digamma, gammaln
+
+from inference import host_draws as hd
 
 LOG_2PI = float(np.log(2 * np.pi))
 
@@ -112,7 +113,7 @@ def cfg_from(hyper: dict, D: int, **variant) -> Cfg:
 def shard_of(Y) -> Shard:
     Y = np.asarray(Y, float)
     O = ~np.isnan(Y)
-    return Shard(jnp.asarray(np.where(O, Y, 0.0)), jnp.asarray(O, dtype=float), jnp.ones(Y.shape[0]))
+    return Shard(np.where(O, Y, 0.0), O.astype(float), np.ones(Y.shape[0]))
 
 
 def init_globals(key: jax.Array, D: int, M: int) -> Globals:
@@ -237,25 +238,26 @@ def elbo_of(cfg: Cfg, q: Q, shard: Shard) -> float:
 # Draws from q, and q as a group of the tree
 # --------------------------------------------------------------------------------------------------
 
-def draw(key: jax.Array, q: Q, n: int):
-    """``n`` joint draws from q (dict site -> (n, ...)) and log q at each draw (n,)."""
-    kw, km, kz, kt, ka = jax.random.split(key, 5)
+def draw(seed, q: Q, n: int):
+    """``n`` joint draws from q (dict site -> (n, ...)) and log q at each draw (n,), in NumPy from
+    ``np.random.default_rng(seed)`` (``inference.host_draws``: a one-shot job, not worth compiling)."""
+    rng = np.random.default_rng(seed)
+    q = jax.tree.map(np.asarray, jax.device_get(q))
     g = q.g
-    W = g.mw + jnp.sqrt(g.vw) * jax.random.normal(kw, (n,) + g.mw.shape)
-    mu = g.mmu + jnp.sqrt(g.vmu) * jax.random.normal(km, (n,) + g.mmu.shape)
-    qz = dist.MultivariateNormal(q.mz, covariance_matrix=q.Sz)
-    z = qz.sample(kz, (n,))
-    log_q = (dist.Normal(g.mw, jnp.sqrt(g.vw)).log_prob(W).sum((1, 2)) + dist.Normal(g.mmu, jnp.sqrt(g.vmu))
-             .log_prob(mu).sum(1) + qz.log_prob(z).sum(1))
+    sw, smu = np.sqrt(g.vw), np.sqrt(g.vmu)
+    W = g.mw + sw * rng.standard_normal((n, *g.mw.shape))
+    mu = g.mmu + smu * rng.standard_normal((n, *g.mmu.shape))
+    Lz = np.linalg.cholesky(q.Sz)
+    z = hd.mvn_variates(rng, q.mz, Lz, (n,))
+    log_q = (hd.normal_log_pdf(W, g.mw, sw).sum((1, 2)) + hd.normal_log_pdf(mu, g.mmu, smu).sum(1)
+             + hd.mvn_tril_log_pdf(z, q.mz, Lz).sum(1))
     post = {"W": W, "mu": mu, "z": z}
     if q.tau is not None:
-        qt = dist.Gamma(q.tau[0], q.tau[1])
-        post["tau"] = qt.sample(kt, (n,))
-        log_q = log_q + qt.log_prob(post["tau"])
+        post["tau"] = np.exp(hd.log_gamma_variates(rng, q.tau[0], (n,))) / q.tau[1]
+        log_q = log_q + hd.gamma_log_pdf(post["tau"], q.tau[0], q.tau[1])
     if q.alpha is not None:
-        qa = dist.Gamma(q.alpha[0], q.alpha[1])
-        post["alpha"] = qa.sample(ka, (n,))
-        log_q = log_q + qa.log_prob(post["alpha"]).sum(1)
+        post["alpha"] = np.exp(hd.log_gamma_variates(rng, q.alpha[0], (n, *q.alpha[0].shape))) / q.alpha[1]
+        log_q = log_q + hd.gamma_log_pdf(post["alpha"], q.alpha[0], q.alpha[1]).sum(1)
     return post, log_q
 
 
@@ -264,6 +266,7 @@ def q_groups(q: Q) -> dict:
     from the tree: m_W, v_W (feature, component) of q(W_dm) = N(m, v); m_mu, v_mu (feature) of q(mu_d);
     m_z (row, component), S_z (row, component, component_bis) of q(z_n) = N(m_z, S_z); tau_shape, tau_rate and
     alpha_shape, alpha_rate of the Gamma q(tau), q(alpha_m) when learned."""
+    q = jax.device_get(q)
     g = q.g
     ds = {"m_z": (("row", "component"), np.asarray(q.mz)),
           "S_z": (("row", "component", "component_bis"), np.asarray(q.Sz)),

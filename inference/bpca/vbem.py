@@ -63,13 +63,12 @@ def kernel(cfg: Cfg) -> Kernel:
     return Kernel(init, step)
 
 
-def run(cfg: Cfg, shard: Shard, key: jax.Array, *, max_iter: int, tol: float, chunk: int = 200,
+def run(cfg: Cfg, shard: Shard, key: jax.Array, *, max_iter: int, tol: float, chunk: int | None = None,
         progress: bool | None = None) -> Run:
     """Sweeps from ``init(key, shard)`` until the relative ELBO change is <= ``tol`` (0: never) or ``max_iter``."""
     k = kernel(cfg)
-    start = jax.tree.map(lambda a: a[None], k.init(key, shard))
     return run_until_converged(k.init, k.step, shard, key, StopRule(max_iter, tol), chunk=chunk, progress=progress,
-                               desc="bpca vbem", init_state=start)
+                               desc="bpca vbem", start_from_key=True)
 
 
 @register_method("vbem", kind="variational", models=("bpca",), options={
@@ -84,7 +83,7 @@ def run_vbem(ctx: FitContext) -> Draws:
     r = run(cfg, shard_of(Y), init_key(ctx.key), max_iter=o["max_iter"], tol=o["tol"], progress=o["progress"])
     st = r.state
     q = q_of(cfg, st.g, st.tau, st.alpha, st.mz, st.Sz)
-    post, log_q = draw(jax.random.fold_in(ctx.key, 2), q, o["num_samples"])
+    post, log_q = draw((ctx.seed, 2), q, o["num_samples"])
     return Draws(posterior={k: np.asarray(v)[None] for k, v in post.items()},
                  sample_stats={"log_q": np.asarray(log_q)[None]}, traces={"elbo": r.info.objective},
                  groups={"variational": xr.Dataset(q_groups(q))}, objective=r.objective, converged=r.converged,

@@ -204,9 +204,9 @@ def run(key, pb: Problem, learn, max_iter=200, tol=0.0, init_logit_rho=10.0, num
     k_init, k_step = kernel(bool(learn))
     vp = VBProblem(pb, jnp.asarray(float(init_logit_rho)), jnp.asarray(bool(update_switches)))
     # a single run starts from init(key) itself (as before the loop existed: the tests' measured optima)
-    start = jax.tree.map(lambda a: a[None], k_init(key, vp)) if num_restarts == 1 else None
     return run_until_converged(k_init, k_step, vp, key, StopRule(int(max_iter), float(tol), "relative"),
-                               num_restarts=num_restarts, progress=progress, desc="gp_alps vbem", init_state=start)
+                               num_restarts=num_restarts, progress=progress, desc="gp_alps vbem",
+                               start_from_key=num_restarts == 1)
 
 
 def run_lmm(key, pb: Problem, learn, max_iter=200) -> Run:
