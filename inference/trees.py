@@ -90,23 +90,33 @@ def trace_structure(spec: ModelSpec, model_kwargs: Mapping[str, Any], params: Ma
     """What ``latent_sites`` and ``site_dims`` read of ``trace_model(spec, model_kwargs, params, seed)``: per site
     its ``type``, ``is_observed``, ``fn`` (only its ``event_shape``) and ``cond_indep_stack``, found by tracing the
     model abstractly (``jax.eval_shape``), so nothing is computed or compiled: run eagerly, the model's
-    operations compiled one small XLA program each, in every fit's tree. A model that cannot be traced with
-    abstract values is run eagerly."""
+    operations compiled one small XLA program each, in every fit's tree. Kept per model, non-array arguments and
+    shapes (``inference.programs``), so a second fit traces nothing. A model that cannot be traced with abstract
+    values is run eagerly."""
     arrays, static = split_arguments(model_kwargs)
+    abstract = lambda d: tuple(sorted((k, np.shape(v), np.result_type(v).str) for k, v in d.items()))  # noqa: E731
+    try:
+        return _structure(spec.model, static, abstract(arrays), abstract(dict(params or {})), seed)
+    except Exception:   # a model with Python control flow on data values: its eager trace
+        return dict(trace_model(spec, model_kwargs, params, seed))
+
+
+@programs.cached(maxsize=64)
+def _structure(model, static: tuple, arrays: tuple, params: tuple, seed: int) -> dict[str, dict]:
+    """``trace_structure`` of ``model`` for arrays and draws of these (name, shape, dtype)."""
     found: dict[str, dict] = {}
 
     def record(arrays, params):
-        tr = trace_model(spec, {**dict(static), **arrays}, params, seed)
+        tr = handlers.trace(handlers.seed(handlers.substitute(model, data=params), rng_seed=seed)).get_trace(
+            **dict(static), **arrays)
         for name, site in tr.items():
             found[name] = {"type": site["type"], "is_observed": site.get("is_observed", False),
                            "fn": types.SimpleNamespace(event_shape=tuple(getattr(site.get("fn"), "event_shape", ()))),
                            "cond_indep_stack": tuple(site.get("cond_indep_stack", ()))}
         return 0
 
-    try:
-        jax.eval_shape(record, arrays, dict(params or {}))
-    except Exception:   # a model with Python control flow on data values: its eager trace
-        return dict(trace_model(spec, model_kwargs, params, seed))
+    spec_of = lambda d: {k: jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for k, shape, dtype in d}  # noqa: E731
+    jax.eval_shape(record, spec_of(arrays), spec_of(params))
     return found
 
 
