@@ -24,7 +24,7 @@ import numpyro.distributions as dist
 from jax.scipy.special import digamma, gammaln
 
 import zoo
-from inference import Draws, register_method
+from inference import Draws, host_draws, register_method
 from inference._methods import Option
 from inference.loop import StopRule, run_until_converged
 
@@ -102,12 +102,13 @@ def step(key, state: State, p: Problem) -> tuple[State, Info]:
     return new, Info(elbo(new, p))
 
 
-def draw(key, state: State, n: int):
-    k_mu, k_lam = jax.random.split(key)
-    q_mu = dist.Normal(state.m, 1 / jnp.sqrt(state.s))
-    q_lam = dist.Gamma(state.a, state.b)
-    mu, lam = q_mu.sample(k_mu, (n,)), q_lam.sample(k_lam, (n,))
-    return {"mu": mu, "lam": lam}, q_mu.log_prob(mu) + q_lam.log_prob(lam)
+def draw(seed, state: State, n: int):
+    """n draws from q and log q at each, in NumPy (a one-shot job: compiled, it would cost more than the fit)."""
+    rng, st = np.random.default_rng(seed), jax.device_get(state)
+    sd = 1 / np.sqrt(st.s)
+    mu = st.m + sd * rng.standard_normal(n)
+    lam = rng.gamma(st.a, 1 / st.b, n)
+    return {"mu": mu, "lam": lam}, host_draws.normal_log_pdf(mu, st.m, sd) + host_draws.gamma_log_pdf(lam, st.a, st.b)
 
 
 @register_method("cavi", kind="variational", models=("toy_normal_gamma",), options={
@@ -117,11 +118,11 @@ def draw(key, state: State, n: int):
 def run(ctx) -> Draws:
     """Mean-field CAVI for the normal-gamma model (Bishop §10.1.3)."""
     o, h = ctx.options, ctx.hyper
-    problem = Problem(jnp.asarray(ctx.data["y"]), *(jnp.asarray(float(h[k])) for k in ("m0", "k0", "a0", "b0")))
-    k_run, k_draw = jax.random.split(ctx.key)
-    result = run_until_converged(init, step, problem, k_run, StopRule(o["max_iter"], o["tol"]),
+    # NumPy arrays: compiled programs take them as they are (jnp.asarray would run as programs of their own)
+    problem = Problem(np.asarray(ctx.data["y"], float), *(np.float64(h[k]) for k in ("m0", "k0", "a0", "b0")))
+    result = run_until_converged(init, step, problem, ctx.key, StopRule(o["max_iter"], o["tol"]),
                                  progress=o["progress"], desc="toy cavi")
-    draws, log_q = draw(k_draw, result.state, o["num_samples"])
+    draws, log_q = draw((ctx.seed, 1), result.state, o["num_samples"])
     return Draws(posterior={k: v[None] for k, v in draws.items()}, sample_stats={"log_q": log_q[None]},
                  traces={"elbo": result.info.objective}, objective=result.objective,
                  converged=result.converged, n_iter=result.n_iter)
