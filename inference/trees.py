@@ -101,7 +101,7 @@ def trace_structure(spec: ModelSpec, model_kwargs: Mapping[str, Any], params: Ma
         return dict(trace_model(spec, model_kwargs, params, seed))
 
 
-@programs.cached(maxsize=64)
+@programs.cached(maxsize=256)
 def _structure(model, static: tuple, arrays: tuple, params: tuple, seed: int) -> dict[str, dict]:
     """``trace_structure`` of ``model`` for arrays and draws of these (name, shape, dtype)."""
     found: dict[str, dict] = {}
@@ -182,7 +182,7 @@ def split_arguments(model_kwargs: Mapping[str, Any]) -> tuple[dict, tuple]:
     return arrays, tuple(sorted((k, v) for k, v in model_kwargs.items() if k not in arrays))
 
 
-@programs.cached
+@programs.cached(maxsize=256)   # was an unbounded dict: many models and shapes in one process
 def _log_density_program(model, likelihood_sites: tuple, static: tuple, batch: int):
     """The jitted ``(arrays, draws) -> (log_prior, log_likelihood)`` of ``log_densities``, kept per (model,
     likelihood sites, non-array arguments, batch): data arrays are arguments, not constants, so every fit of a

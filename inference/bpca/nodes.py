@@ -76,7 +76,7 @@ def memoised_protocol(factory):
     """``factory(..., graph, ...)`` built once per value of its static arguments (a graph by its adjacency), in
     the registry of compiled programs (``inference.programs``), so repeated fits get the same ``Protocol`` and
     the loop's compiled rounds."""
-    return programs.cached(factory, argument_key=_graph_key)
+    return programs.cached(factory, maxsize=256, argument_key=_graph_key)
 
 
 def slot_where(mask, new, old):
