@@ -27,6 +27,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 _REGISTRY: dict[str, Cached] = {}
 _BUILDS: collections.Counter = collections.Counter()
 _LOCK = threading.RLock()
@@ -42,9 +44,9 @@ def program_key(value: Any) -> Any:
 
     A function is keyed by its code, its defaults and the keys of the values in its closure's cells; a
     ``functools.partial`` by the key of its function and of its bound arguments; a tuple by its type and its
-    elements' keys. Where a function's or a partial's contents cannot be keys, the object itself is (it is
-    hashable: two fits that pass the same object share the program). Anything else is its own key; an
-    unhashable one raises ``TypeError``."""
+    elements' keys; a number by its type and value. Where a function's or a partial's contents cannot be keys,
+    the object itself is (it is hashable: two fits that pass the same object share the program). Anything else
+    is its own key; an unhashable one raises ``TypeError``."""
     try:
         return _key(value)
     except _Unkeyable as exc:
@@ -70,6 +72,8 @@ def _key(value: Any, depth: int = 0) -> Any:
             return value
     if type(value) is tuple or (isinstance(value, tuple) and hasattr(value, "_fields")):
         return (type(value), tuple(down(v) for v in value))
+    if isinstance(value, int | float | complex | np.generic):   # 1, 1.0 and True are equal, not the same program
+        return (type(value), value)
     try:
         hash(value)
     except TypeError as exc:

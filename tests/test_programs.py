@@ -62,6 +62,7 @@ def test_closures_and_partials_are_keyed_by_code_and_captured_values():
     key = programs.program_key
     assert key(_adder(1.5)) == key(_adder(1.5))
     assert key(_adder(1.5)) != key(_adder(2.5))
+    assert key(_adder(1)) != key(_adder(1.0))     # equal numbers of other types trace other programs
     assert key(functools.partial(_scale, 2.0)) == key(functools.partial(_scale, 2.0))
     assert key(functools.partial(_scale, 2.0)) != key(functools.partial(_scale, 3.0))
     array = np.ones(3)   # unhashable contents: the closure object itself is the key
