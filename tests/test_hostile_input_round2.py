@@ -330,7 +330,7 @@ def test_12_pandas_nullable_numbers_in_a_dict_are_numbers_and_na_is_named_as_mis
     with_na = pd.Series(hl["agent"], dtype="Int64")
     with_na.iloc[3] = pd.NA
     with pytest.raises(ValueError, match=r"data\['agent'\]: expected integers \(index\), got 1 missing value\(s\) "
-                                         r"\(NaN or <NA>\), the first at entry \(3,\)"):
+                                         r"\(NaN or <NA>\), the first at entry 3;"):
         zoo.validate_data(zoo.get("hlcr"), {**hl, "agent": with_na})
     Y = pd.DataFrame(data["Y"]).astype("Float64")
     Y.iloc[0, 0] = pd.NA

@@ -112,18 +112,18 @@ def _from_pandas(value: Any) -> Any:
     return value.to_numpy(dtype=np.result_type(*[getattr(d, "numpy_dtype", d) for d in dtypes]))
 
 
-def _position(arr: np.ndarray, bad: np.ndarray) -> tuple[int, ...]:
-    """The index of the first entry of ``arr`` where ``bad`` holds."""
-    return tuple(int(i) for i in np.unravel_index(int(np.flatnonzero(bad.ravel())[0]), arr.shape))
+def _position(arr: np.ndarray, bad: np.ndarray) -> int | tuple[int, ...]:
+    """The index of the first entry of ``arr`` where ``bad`` holds (an int for a one-axis array)."""
+    at = tuple(int(i) for i in np.unravel_index(int(np.flatnonzero(bad.ravel())[0]), arr.shape))
+    return at[0] if len(at) == 1 else at
 
 
 def _first(arr: np.ndarray, bad: np.ndarray) -> str:
     """The first entry of ``arr`` where ``bad`` holds, with its position, for an error message."""
     at = _position(arr, bad)
-    where = at[0] if len(at) == 1 else at
     value = arr[at]
     shown = repr(value.item()) if isinstance(value, np.number | np.bool_) else str(value)
-    return f"{shown} (entry {where})"
+    return f"{shown} (entry {at})"
 
 
 def _as_array(name: str, value: Any, field) -> np.ndarray:
@@ -131,7 +131,7 @@ def _as_array(name: str, value: Any, field) -> np.ndarray:
     if isinstance(value, np.ma.MaskedArray):
         value = _unmask(name, value, field)
     if field.kind == "index" and isinstance(value, list | tuple):
-        value = _object_array(name, value)   # keeps the kind of every label ([1, "1"] is not two strings)
+        value = _object_array(value)   # keeps the kind of every label ([1, "1"] is not two strings)
     try:
         arr = np.asarray(value)
     except Exception as exc:  # ragged lists and the like
@@ -183,7 +183,7 @@ def _as_int64(name: str, arr: np.ndarray, kind: str) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-def _object_array(name: str, value: Any) -> np.ndarray:
+def _object_array(value: Any) -> np.ndarray:
     """``value`` (a list or tuple of labels) as an object array, each label keeping its own type."""
     try:
         arr = np.empty(np.shape(value), dtype=object)
