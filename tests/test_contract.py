@@ -67,13 +67,13 @@ XLA_PROGRAMS: dict[tuple[str, str], int] = {
     ("ppca", "em"): 7,
     ("ssgp_lmm", "nuts"): 14,
     ("ssgp_lmm", "svi"): 8,
-    ("ssgp_lmm", "vb"): 88,
+    ("ssgp_lmm", "vb"): 7,
     ("ssgp_logit", "nuts"): 15,
     ("ssgp_logit", "svi"): 8,
-    ("ssgp_logit", "vb"): 88,
+    ("ssgp_logit", "vb"): 7,
     ("ssgp_probit", "nuts"): 15,
     ("ssgp_probit", "svi"): 8,
-    ("ssgp_probit", "vb"): 88,
+    ("ssgp_probit", "vb"): 7,
 }
 
 

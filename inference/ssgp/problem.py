@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 MODELS = ("ssgp_lmm", "ssgp_logit", "ssgp_probit")
@@ -84,8 +83,9 @@ def setup(inputs, hyper, likelihood, chunk_size=None, factorisation="joint"):
     y = np.asarray(inputs["y"], dtype=np.float64)
     cfg = Config(likelihood, n, m, d, Af.shape[1], J, T, float(hyper["A_sigma"]),
                  float(hyper.get("A_gamma", 25.0)), float(hyper["A_tau"]), chunk, n_chunks, factorisation)
-    data = Data(X=jnp.asarray(padr(X)), y=jnp.asarray(padr(y)), mask=jnp.asarray(padr(np.ones(n))),
-                Af=jnp.asarray(padr(Af)), S=jnp.asarray(S), prec_fixed=jnp.asarray(prec),
-                re_term=jnp.asarray(re_term), mu_lam0=jnp.full(d, float(hyper["mu_lam0"])),
-                P_lam0=jnp.eye(d) / float(hyper["var_lam0"]), AtA=jnp.asarray(Af.T @ Af))
+    # NumPy arrays: the compiled programs take them as they are (no JAX operation run on its own)
+    data = Data(X=np.asarray(padr(X), float), y=padr(y), mask=padr(np.ones(n)), Af=np.asarray(padr(Af), float),
+                S=np.asarray(S, float), prec_fixed=np.asarray(prec, float), re_term=np.asarray(re_term),
+                mu_lam0=np.full(d, float(hyper["mu_lam0"])), P_lam0=np.eye(d) / float(hyper["var_lam0"]),
+                AtA=np.asarray(Af.T @ Af, float))
     return cfg, data

@@ -223,20 +223,38 @@ def run(cfg: Config, data: Data, *, max_iter=1000, tol=1e-6, warm_start=3, step_
 def state_dataset(cfg, st):
     """The variational parameters as an xarray Dataset (stored in the tree for ``predict`` and for
     recomputing ``log_q`` and the bound from the tree), with the Jaakkola-Jordan points ``xi`` for logit."""
+    moments = {k: np.asarray(v) for k, v in _scale_moments(cfg)(st).items()}
     ds = {"mu_lam": (["input"], st.mu_lam), "Sig_lam": (["input", "input_"], st.Sig_lam),
           "mu_alpha": (["basis"], st.mu_a), "Sig_alpha": (["basis", "basis_"], st.Sig_a),
           "mu_beta": (["coef"], st.mu_b), "Sig_beta": (["coef", "coef_"], st.Sig_b),
           "Sig_alpha_beta": (["basis", "coef"], st.Sig_ab),
           "C_sigma": ((), st.C_sig), "C_tau": (["re_term"], st.C_tau), "C_gamma": ((), st.C_gam),
-          "E_sigma": ((), inv_moment(2.0 * cfg.m - 2.0, st.C_sig, cfg.A_sigma**2, -1.0))}
+          "E_sigma": ((), moments["E_sigma"])}
     if cfg.likelihood == "gaussian":
-        ds["E_gamma"] = ((), inv_moment(cfg.n - 2.0, st.C_gam, cfg.A_gamma**2, -1.0))
-        ds["E_gamma2"] = ((), inv_moment(cfg.n - 2.0, st.C_gam, cfg.A_gamma**2, -2.0))
+        ds["E_gamma"] = ((), moments["E_gamma"])
+        ds["E_gamma2"] = ((), moments["E_gamma2"])
     if cfg.T > 0:
-        ds["E_tau"] = (["re_term"], jax.vmap(lambda c: inv_moment(cfg.J - 2.0, c, cfg.A_tau**2, -1.0))(st.C_tau))
+        ds["E_tau"] = (["re_term"], moments["E_tau"])
     if cfg.likelihood == "logit":
-        ds["xi"] = (["obs"], st.xi[:cfg.n])  # the Jaakkola-Jordan points of the bound (``lower_bound``)
+        ds["xi"] = (["obs"], np.asarray(st.xi)[:cfg.n])  # the Jaakkola-Jordan points of the bound (``lower_bound``)
     return xr.Dataset({k: (dims, np.asarray(v)) for k, (dims, v) in ds.items()})
+
+
+@programs.cached
+def _scale_moments(cfg: Config):
+    """The moments of q(sigma), q(gamma), q(tau) that ``state_dataset`` stores, as one compiled program of the
+    state (computed operation by operation, the H-function grids compiled some forty programs)."""
+
+    def moments(st):
+        out = {"E_sigma": inv_moment(2.0 * cfg.m - 2.0, st.C_sig, cfg.A_sigma**2, -1.0)}
+        if cfg.likelihood == "gaussian":
+            out["E_gamma"] = inv_moment(cfg.n - 2.0, st.C_gam, cfg.A_gamma**2, -1.0)
+            out["E_gamma2"] = inv_moment(cfg.n - 2.0, st.C_gam, cfg.A_gamma**2, -2.0)
+        if cfg.T > 0:
+            out["E_tau"] = jax.vmap(lambda c: inv_moment(cfg.J - 2.0, c, cfg.A_tau**2, -1.0))(st.C_tau)
+        return out
+
+    return jax.jit(moments)
 
 
 def _check(options):
