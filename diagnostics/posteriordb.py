@@ -111,8 +111,7 @@ def posteriordb_draws(ds: xr.Dataset) -> tuple[list[dict[str, list[float]]], dic
         dims = [d for d in da.dims if d not in SAMPLE_DIMS]
         shape = tuple(da.sizes[d] for d in dims)
         values = np.asarray(da.values, dtype=float).reshape(da.sizes["chain"], da.sizes["draw"], -1)
-        labels = [lab for lab in component_labels(str(name), tuple(n for n in shape))]
-        one_based = [_one_based(lab, str(name)) for lab in labels]
+        one_based = [_one_based(lab, str(name)) for lab in component_labels(str(name), shape)]
         for c, chain in enumerate(chains):
             for j, lab in enumerate(one_based):
                 chain[lab] = values[c, :, j].tolist()
