@@ -260,3 +260,23 @@ def test_zoo_compare_against_an_imported_reference_gives_the_stored_references_v
         assert problem_of(t)[2] == problem_of(tree)[2]
     verdicts = _same_scorecards(tree, diagnostics.reference_from_posteriordb(root, name), trees)
     assert verdicts == [summary["methods"][m]["verdict"] for m in trees]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", zoo.list_models())
+def test_every_demo_pair_gets_the_same_verdicts_against_the_imported_reference(model, tmp_path):
+    """Each model's demo fits (``run_comparison``: every method, demo options, on the stored reference's data) get the
+    same verdicts and reasons against the posteriordb export of that reference, read back, as against the stored
+    one."""
+    from diagnostics.compare import run_comparison
+    from inference import methods_for
+
+    spec = zoo.get(model)
+    trees = run_comparison(spec, methods_for(spec), tmp_path / "fits", log=lambda line: None)
+    label, stored = next(iter(trees.items()))
+    assert label.startswith("reference")
+    name = pdb.export_reference(stored, tmp_path / "db", stored.attrs["reference_tag"])
+    imported = diagnostics.reference_from_posteriordb(tmp_path / "db", name)
+    views = compared_views({k: v for k, v in trees.items() if k != label})
+    a, b = diagnostics.method_scores(stored, views), diagnostics.method_scores(imported, views)
+    assert list(a["verdict"]) == list(b["verdict"]) and list(a["reasons"]) == list(b["reasons"])
