@@ -90,7 +90,7 @@ def prepare(model: str | zoo.ModelSpec, data: Any, method: str, *, seed: int,
         with_columns(lambda: spec.check(table.data, hyper), table.columns)
     if opts.get("z_init") is not None and {"agent", "entity"} <= table.data.keys() and "K" in hyper:
         check_z_init(opts["z_init"], table.data, hyper)
-    ctx = FitContext(spec=spec, data=table.data, hyper=hyper, options=opts, key=jax.random.key(seed), seed=seed)
+    ctx = FitContext(spec=spec, data=table.data, hyper=hyper, options=opts, key=key_of(seed), seed=seed)
     return Prepared(meth, ctx, table.axis_labels, table.provenance if table.columns else {})
 
 
@@ -224,6 +224,15 @@ def check_z_init(z_init: Any, data: Mapping[str, Any], hyper: Mapping[str, Any])
 
 
 MAX_SEED = 2**63 - 1
+
+
+def key_of(seed: int) -> jax.Array:
+    """``jax.random.key(seed)``, built from its words on the host: run as a JAX operation it compiled two programs
+    in every fresh process. The default threefry key of a 64-bit seed is the words (seed >> 32, seed mod 2**32);
+    another PRNG implementation gets ``jax.random.key`` itself."""
+    if jax.config.jax_default_prng_impl != "threefry2x32":
+        return jax.random.key(seed)
+    return jax.random.wrap_key_data(np.array([seed >> 32, seed & 0xFFFFFFFF], np.uint32))
 
 
 def check_seed(seed: Any) -> int:

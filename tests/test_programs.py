@@ -116,3 +116,16 @@ def test_a_second_fit_with_new_closures_of_the_same_configuration_compiles_nothi
         other = run_until_converged(*_uncached_factory(0.25), problem, jax.random.key(0), rule, progress=False)
     assert watch.compile_events > 0
     assert abs(float(other.state) - 3.0) < 1e-3
+
+
+def test_a_fits_key_is_jax_random_key_of_its_seed_built_without_compiling():
+    from inference.api import key_of
+
+    seeds = (0, 7, 2**31 - 1, 2**32 + 3, 2**40 + 5, 2**63 - 1)
+    expected = [np.asarray(jax.random.key_data(jax.random.key(s))) for s in seeds]
+    with Stopwatch() as watch:
+        built = [key_of(s) for s in seeds]
+    assert watch.xla_compiles == []
+    for s, key, want in zip(seeds, built, expected, strict=True):
+        np.testing.assert_array_equal(np.asarray(jax.random.key_data(key)), want, err_msg=f"seed {s}")
+        assert key.dtype == jax.random.key(0).dtype
