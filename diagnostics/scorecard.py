@@ -147,9 +147,29 @@ def reference_health(reference: xr.DataTree | ComparedView, ds: xr.Dataset | Non
     return mcmc_health(reference, ds if ds is not None else compared_posterior(reference))
 
 
+def _check_trees(reference, candidates) -> None:
+    """``ValueError`` naming the argument when ``reference`` is not a DataTree or view, or ``candidates`` is not
+    one, nor a mapping of method labels to them (checked before any summary is computed)."""
+    kinds = (xr.DataTree, ComparedView)
+    if not isinstance(reference, kinds):
+        raise ValueError(f"reference: expected an ArviZ DataTree (e.g. a stored reference) or a ComparedView, got "
+                         f"{type(reference).__name__}")
+    if isinstance(candidates, kinds):
+        return
+    if not isinstance(candidates, Mapping):
+        raise ValueError(f"candidates: expected a DataTree, a ComparedView or a mapping {{method label: tree}}, got "
+                         f"{type(candidates).__name__}")
+    for label, tree in candidates.items():
+        if not isinstance(tree, kinds):
+            raise ValueError(f"candidates[{label!r}]: expected an ArviZ DataTree or a ComparedView, got "
+                             f"{type(tree).__name__}")
+
+
 def _reference_view(reference, candidates) -> ComparedView:
     """The reference's view, its tree first given the candidates' labels where it has positions only
-    (``carry_user_labels``: a reference made on the bare arrays of a labelled table)."""
+    (``carry_user_labels``: a reference made on the bare arrays of a labelled table); the arguments are checked
+    first (``_check_trees``)."""
+    _check_trees(reference, candidates)
     if isinstance(reference, xr.DataTree):
         donors = [candidates] if isinstance(candidates, xr.DataTree | ComparedView) else list(candidates.values())
         reference = carry_user_labels(reference, donors)

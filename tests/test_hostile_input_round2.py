@@ -371,3 +371,29 @@ def test_12_the_readme_states_what_load_accepts_and_rejects():
 
     text = " ".join((ROOT / "README.md").read_text().split())
     assert "verify=False" in text and "bayes_zoo_checksum" in text
+
+
+# --- item 12: the comparison functions name the argument they were given wrong ---------------------------------
+
+@pytest.mark.parametrize("function", ["scorecard", "method_scores"])
+@pytest.mark.parametrize(("reference", "candidates", "named"), [
+    (None, "stored", "reference"),
+    ("stored", "x", "candidates"),
+    ("stored", 5, "candidates"),
+    ("stored", {"vbem": None}, "candidates['vbem']"),
+    ("stored", {"vbem": "stored", "gibbs": [1, 2]}, "candidates['gibbs']"),
+])
+def test_scorecard_and_method_scores_name_the_bad_argument(function, reference, candidates, named):
+    import diagnostics
+
+    tree = references.load("hlcr", tag="b2")
+
+    def resolve(value):
+        if value == "stored":
+            return tree
+        if isinstance(value, dict):
+            return {k: resolve(v) for k, v in value.items()}
+        return value
+
+    with pytest.raises(ValueError, match="^" + re.escape(named) + ": expected"):
+        getattr(diagnostics, function)(resolve(reference), resolve(candidates))
