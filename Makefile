@@ -13,7 +13,7 @@ export BAYES_ZOO_JAX_CACHE ?= $(CURDIR)/.jax_cache
 
 help:
 	@echo "make demo        fit every model with every method, write the HTML report (zoo demo)"
-	@echo "make test        the CI suite (fast tests + notebooks in FAST mode), 34-36 min cold on the 2-core CI box"
+	@echo "make test        the CI suite (fast tests + notebooks in FAST mode), about 17 min cold on the 2-core CI box"
 	@echo "make test-all    everything, including @pytest.mark.slow statistical runs and Ray"
 	@echo "make bench       run benchmarks/ and write benchmarks/results.md"
 	@echo "make notebooks   execute notebooks at full size into notebooks/_build/"
