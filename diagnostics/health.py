@@ -8,7 +8,9 @@ stricter where posteriordb's is loose (notes/posterior_quality.md section 1.1):
 * at least ``MIN_CHAINS`` (4) chains and ``MIN_DRAWS`` (4000) stored draws;
 * rank-normalised split R-hat (Vehtari et al. 2021) below ``RHAT_MAX`` (1.01), and bulk and tail ESS at
   least ``ESS_MIN`` (400), on **every scalar component of every compared quantity** (the label-invariant
-  summaries for mixtures, ``diagnostics.scorecard.compared_posterior``);
+  summaries for mixtures, ``diagnostics.scorecard.compared_posterior``); the tail ESS is Vehtari et al.'s, the
+  smaller ESS of the indicators I(x <= q05) and I(x <= q95) (``TAIL_PROBS``), fixed here so that ArviZ's
+  ``rcParams["stats.ci_prob"]`` (whose default 0.89 would give the 11 %/89 % quantiles) changes no verdict;
 * no divergent transition, and E-BFMI above ``EBFMI_MIN`` (0.3) in every chain (Betancourt 2016), for
   runs that record them (NUTS does; Gibbs kernels have neither). A thinned run (a stored reference) carries
   the counts of its whole run, thinned-out iterations included, as ``sample_stats.divergences_run`` and
@@ -35,6 +37,7 @@ import numpy as np
 import xarray as xr
 
 SAMPLE_DIMS = ("chain", "draw")
+TAIL_PROBS = (0.05, 0.95)  # the quantiles of the tail ESS (Vehtari et al. 2021, sec. 4.3), whatever ArviZ's rcParams
 
 
 @dataclass(frozen=True)
@@ -173,7 +176,7 @@ def mcmc_health(tree: xr.DataTree, ds: xr.Dataset | None = None, *,
     sub = xr.DataTree.from_dict({"posterior": ds[names]})
     rhat = per_component(azs.rhat(sub), names) if names and ds.sizes["draw"] >= 4 else {}
     bulk = per_component(azs.ess(sub, method="bulk"), names) if names else {}
-    tail = per_component(azs.ess(sub, method="tail"), names) if names else {}
+    tail = per_component(azs.ess(sub, method="tail", prob=TAIL_PROBS), names) if names else {}
     for lab in constant:
         for table in (rhat, bulk, tail):
             table.pop(lab, None)

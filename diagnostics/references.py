@@ -49,6 +49,7 @@ import numpy as np
 import xarray as xr
 
 import zoo
+from diagnostics.health import TAIL_PROBS
 from inference import fit, log_densities, save
 from inference import load as load_tree
 from inference.trees import data_of, problem_of
@@ -205,7 +206,7 @@ def _checkpointed(path: Path, stamp: str, data, spec, run, log, what: str) -> tu
 def _summary(record: dict) -> dict:
     keys = ("n_chains", "n_draws", "max_rhat", "worst_rhat", "min_ess_bulk", "worst_ess_bulk", "min_ess_tail",
             "worst_ess_tail", "divergences", "min_ebfmi", "failures", "reliable")
-    return {k: record[k] for k in keys}
+    return {**{k: record[k] for k in keys}, "tail_ess_probs": list(TAIL_PROBS)}
 
 
 def advice(record: dict) -> list[str]:
@@ -393,7 +394,7 @@ def generate(name: str, data: Mapping[str, Any] | None = None, *, tag: str = "de
         run_opts = {**run_opts, "num_samples": n_next}
     log(f"{label} extension: {outcome}")
 
-    record = {**health, "standard": {**health["rule"], "z_max": Z_MAX}}
+    record = {**health, "standard": {**health["rule"], "z_max": Z_MAX}, "tail_ess_probs": list(TAIL_PROBS)}
     failures = list(health["failures"])
     failures += [f"second seed: {f}" for f in second_health["failures"] + agree["failures"]]
     record["second_seed"] = {"method": method, "options": run_opts, "seed": seed2,

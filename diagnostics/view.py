@@ -34,7 +34,7 @@ import pandas as pd
 import xarray as xr
 
 import zoo
-from diagnostics.health import SAMPLE_DIMS, labels_of
+from diagnostics.health import SAMPLE_DIMS, TAIL_PROBS, labels_of
 from inference.trees import problem_of
 
 FLOOR_FRACTION = 0.01  # absolute floor of a bounded quantity, as a fraction of its range (module scorecard)
@@ -152,7 +152,6 @@ def scalar_stats(draws: Mapping[str, np.ndarray]) -> pd.DataFrame:
     draw) array. A label whose draws are all equal has sd 0, Monte Carlo errors 0 and no ESS or R-hat (NaN);
     a single draw (a point estimate) has sd, ESS, R-hat NaN and Monte Carlo error 0."""
     from arviz_stats.base import array_stats
-    from arviz_stats.validate import validate_ci_prob
 
     labels = list(draws)
     if not labels:
@@ -176,7 +175,7 @@ def scalar_stats(draws: Mapping[str, np.ndarray]) -> pd.DataFrame:
         sub = arr[live]
         with np.errstate(all="ignore"):
             out.loc[live, "ess_bulk"] = array_stats.ess(sub, method="bulk")
-            out.loc[live, "ess_tail"] = array_stats.ess(sub, method="tail", prob=validate_ci_prob(None))
+            out.loc[live, "ess_tail"] = array_stats.ess(sub, method="tail", prob=TAIL_PROBS)
             out.loc[live, "ess_mean"] = array_stats.ess(sub, method="mean")
             out.loc[live, "rhat"] = array_stats.rhat(sub)
             out.loc[live, "mcse_mean"] = array_stats.mcse(sub, method="mean")
