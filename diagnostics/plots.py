@@ -32,9 +32,14 @@ COLORS = ["#222222", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c
 
 
 def _mpl():
+    """``matplotlib.pyplot``, with Agg chosen only when nothing chose a backend and there is no display.
+
+    A backend already chosen (Jupyter's inline or ipympl backend, ``MPLBACKEND``, ``matplotlib.use``) is never
+    replaced: forcing Agg under Jupyter's inline backend, where ``DISPLAY`` is normally unset, would leave every
+    plotting cell without its figure."""
     import matplotlib
 
-    if matplotlib.get_backend().lower() not in ("agg",) and not os.environ.get("DISPLAY"):
+    if matplotlib.get_backend(auto_select=False) is None and not os.environ.get("DISPLAY"):
         matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -1,11 +1,11 @@
-"""GP-ALPS §4.3 reproduction (benchmarks/gp_alps_subsets.py, notes T11-T12) on the CI-sized diabetes data."""
+"""GP-ALPS §4.3 reproduction (inference/gp_alps/subsets.py, T11-T12 of the paper page) on the CI-sized diabetes data."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from benchmarks import gp_alps_subsets as gs
+from inference.gp_alps import subsets as gs
 
 
 def test_subset_krr_rmse_matches_a_direct_solve():

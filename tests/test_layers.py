@@ -3,6 +3,9 @@
 Every ``.py`` file of the floors is parsed (``ast``), and every import is read, those inside functions and
 ``importlib.import_module("...")`` calls with a literal name included; an import of a higher floor from a lower
 one is a failure naming the file, the line and the import.
+
+``benchmarks/`` is a leaf: no notebook imports it, and no test except the tests of the benchmark code itself
+(``BENCHMARK_TESTS``); what a benchmark shares with a notebook or a test lives in the library.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FLOORS = {"zoo": 0, "inference": 1, "diagnostics": 2, "zoo_cli": 3, "notebooks": 3, "benchmarks": 3}
 SKIP_DIRS = {"_build", "__pycache__", ".ipynb_checkpoints"}
+BENCHMARK_TESTS = {"test_benchmark_harness.py"}  # the tests of benchmarks/ itself
 
 
 def source_files() -> list[Path]:
@@ -77,3 +81,29 @@ def test_every_floor_has_files():
 def test_no_import_runs_up_a_floor(top):
     bad = [line for path in source_files() if path.relative_to(ROOT).parts[0] == top for line in upward_imports(path)]
     assert not bad, "imports from a lower floor to a higher one:\n" + "\n".join(bad)
+
+
+def benchmark_imports(paths) -> list[str]:
+    return [f"{path.relative_to(ROOT)}:{line} imports {name}" for path in paths
+            for line, name in imported_modules(path) if name.split(".")[0] == "benchmarks"]
+
+
+def test_the_benchmark_walker_sees_a_benchmark_import(tmp_path, monkeypatch):
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    (tmp_path / "tests").mkdir()
+    bad = tmp_path / "tests" / "test_x.py"
+    bad.write_text("import numpy\n\ndef test():\n    from benchmarks import bench_verdicts as bv\n")
+    assert benchmark_imports([bad]) == ["tests/test_x.py:4 imports benchmarks"]
+
+
+def test_no_notebook_imports_benchmarks():
+    bad = benchmark_imports(p for p in source_files() if p.relative_to(ROOT).parts[0] == "notebooks")
+    assert not bad, "notebooks importing benchmarks/ (move what they share into the library):\n" + "\n".join(bad)
+
+
+def test_only_the_tests_of_the_benchmark_code_import_benchmarks():
+    tests = sorted(p for p in (ROOT / "tests").rglob("*.py") if not SKIP_DIRS & set(p.parts))
+    assert {p.name for p in tests} >= BENCHMARK_TESTS
+    bad = benchmark_imports(p for p in tests if p.name not in BENCHMARK_TESTS)
+    assert not bad, "tests importing benchmarks/ (move what they share into the library or a test helper):\n" + \
+        "\n".join(bad)

@@ -1,5 +1,5 @@
-"""The measured error rates of the pass rule (issue 16, point 4) and the machinery that measures them
-(``benchmarks/bench_verdicts.py``).
+"""The measured error rates of the pass rule and the machinery that measures them (``diagnostics.error_rates``,
+run in full by ``benchmarks/bench_verdicts.py``).
 
 Fast: the benchmark's perturbations and candidate choices on closed-form cases, against oracles computed
 here from the draws (NumPy, SciPy), never through the code under test:
@@ -25,7 +25,7 @@ from scipy import special, stats
 from scipy.signal import lfilter
 
 import inference
-from benchmarks import bench_verdicts as bv
+from diagnostics import error_rates as er
 from diagnostics.scorecard import FAIL, PASS
 from diagnostics.view import compared_view
 
@@ -50,19 +50,19 @@ def _iid_with_one_slow(seed, phi=0.8, n=8000):
 def test_an_exact_copy_passes_and_its_perturbed_copies_fail_on_the_perturbed_quantity(toy):
     data, _, ref = toy
     copy = compared_view(inference.fit("dq_linreg", data, "exact", seed=2), name="exact")
-    row, card = bv.judge(ref, copy)
+    row, card = er.judge(ref, copy)
     assert row["verdict"] == PASS, row["reasons"]
     label = "beta[0]"
     sd_ref = float(np.std(ref.flat(label), ddof=1))
-    shifted = bv.perturbed_view(copy, label, shift=bv.SHIFT * sd_ref)
-    narrowed = bv.perturbed_view(copy, label, scale=bv.SCALE)
+    shifted = er.perturbed_view(copy, label, shift=er.SHIFT * sd_ref)
+    narrowed = er.perturbed_view(copy, label, scale=er.SCALE)
     x = copy.flat(label)
     np.testing.assert_allclose(shifted.flat(label), x + 0.3 * sd_ref, rtol=1e-13)
     np.testing.assert_allclose(np.std(narrowed.flat(label), ddof=1), 0.7 * np.std(x, ddof=1), rtol=1e-12)
     np.testing.assert_allclose(np.mean(narrowed.flat(label)), np.mean(x), rtol=1e-12)
     np.testing.assert_array_equal(shifted.flat("beta[1]"), copy.flat("beta[1]"))  # nothing else moves
     for cand, rule in ((shifted, "mean_ok"), (narrowed, "sd_ok")):
-        prow, pcard = bv.judge(ref, cand)
+        prow, pcard = er.judge(ref, cand)
         assert prow["verdict"] == FAIL and label in prow["reasons"]
         at = pcard.set_index("parameter")
         assert not at.at[label, rule] and at.at["beta[1]", "ok"]
@@ -73,13 +73,13 @@ def test_the_worst_rule_picks_the_quantity_with_the_fewest_effective_draws():
     ref = compared_view(hand_tree({"a": rng.normal(size=(4, 1000)), "b": rng.normal(size=(4, 1000))},
                                   method="reference"), name="reference")
     base = compared_view(hand_tree(_iid_with_one_slow(4), method="sampler"), name="sampler")
-    row, card = bv.judge(ref, base)
+    row, card = er.judge(ref, base)
     assert row["verdict"] == PASS, row["reasons"]
-    labels = bv.eligible(ref, base, card)
+    labels = er.eligible(ref, base, card)
     assert labels == ["a", "b"]
     for what in ("shift", "scale"):
-        assert bv.choose(ref, base, card, labels, what, "worst", np.random.default_rng(0)) == "b"
-    picks = {bv.choose(ref, base, card, labels, "shift", "random", np.random.default_rng(s)) for s in range(20)}
+        assert er.choose(ref, base, card, labels, what, "worst", np.random.default_rng(0)) == "b"
+    picks = {er.choose(ref, base, card, labels, "shift", "random", np.random.default_rng(s)) for s in range(20)}
     assert picks == {"a", "b"}
 
 
@@ -96,13 +96,13 @@ def test_a_quantity_whose_shift_is_below_its_floor_is_not_eligible():
     base = compared_view(hand_tree({"p": 0.99 + 0.005 * rng.normal(size=(2, 2000)),
                                     "x": rng.normal(size=(2, 2000))}, method="s"), name="s")
     assert isinstance(ref, ComparedView)
-    _, card = bv.judge(ref, base)
-    assert bv.eligible(ref, base, card) == ["x"]
+    _, card = er.judge(ref, base)
+    assert er.eligible(ref, base, card) == ["x"]
 
 
 def test_mean_field_candidate_is_the_closed_form_mean_field_with_scipys_log_q_and_fails(toy):
     data, ref_tree, ref = toy
-    mf = bv.MeanField(LINREG, data, LINREG.default_hyper, ref_tree)
+    mf = er.MeanField(LINREG, data, LINREG.default_hyper, ref_tree)
     beta = ref_tree["posterior"]["beta"].values.reshape(-1, 2)
     cov = np.cov(beta, rowvar=False)
     corr = cov[0, 1] / np.sqrt(cov[0, 0] * cov[1, 1])
@@ -114,11 +114,11 @@ def test_mean_field_candidate_is_the_closed_form_mean_field_with_scipys_log_q_an
     np.testing.assert_allclose(tree["sample_stats"]["log_q"].values[0], expected, rtol=1e-12)
     np.testing.assert_allclose(np.std(draws, axis=0, ddof=1) / np.sqrt(np.diag(cov)), np.sqrt(1 - corr**2),
                                rtol=0.1)
-    row, _ = bv.judge(ref, compared_view(tree, name="meanfield"))
+    row, _ = er.judge(ref, compared_view(tree, name="meanfield"))
     # in 2-D at |rho| 0.95 the sd ratio (0.31) fails it; k-hat is only "usable" (measured 0.60 on seed 7)
     assert row["verdict"] == FAIL and "too narrow" in row["reasons"] and row["khat"] > 0.5, row["reasons"]
     moments = mf.tree("moments", seed=7)  # marginals right: the practical marginal rules cannot fail it
-    mrow, _ = bv.judge(ref, compared_view(moments, name="moments"))
+    mrow, _ = er.judge(ref, compared_view(moments, name="moments"))
     assert 0.85 < mrow["min_sd_ratio"] and mrow["max_sd_ratio"] < 1.15
 
 
@@ -126,7 +126,7 @@ def test_a_folded_mean_field_density_is_the_equal_mixture_over_the_symmetry(toy)
     """With a fold (beta -> -beta, folded where beta[0] < 0), log q is log(q(u)/2 + q(-u)/2) (SciPy)."""
     data, ref_tree, _ = toy
     fold = (lambda s: {"beta": -s["beta"]}, lambda s: s["beta"][..., 0] < 0)
-    mf = bv.MeanField(LINREG, data, LINREG.default_hyper, ref_tree, fold)
+    mf = er.MeanField(LINREG, data, LINREG.default_hyper, ref_tree, fold)
     tree = mf.tree("kl", seed=8)
     u = tree["posterior"]["beta"].values[0]
     expected = special.logsumexp([stats.norm.logpdf(u, mf.mean, mf.sd["kl"]).sum(1),
@@ -136,28 +136,27 @@ def test_a_folded_mean_field_density_is_the_equal_mixture_over_the_symmetry(toy)
 
 
 def test_exact_cases_are_every_sampler_and_every_gibbs_kernel():
-    keys = [c.key for c in bv.exact_cases() if not c.model.startswith("dq_")]  # the toys registered above
+    keys = [c.key for c in er.exact_cases() if not c.model.startswith("dq_")]  # the toys registered above
     assert {"hlcr/gibbs[kernel=block]", "hlcr/gibbs[kernel=paper]", "hlcr/gibbs_blocked", "gp_alps/gibbs"} <= set(keys)
     assert sum(k.endswith("/nuts") for k in keys) == 8 and len(keys) == 12
-    with pytest.raises(ValueError, match="BENCH_VERDICTS_ONLY"):
-        bv.exact_cases(["nope/nuts"])
+    with pytest.raises(ValueError, match="only: \\['nope/nuts'\\] are not cases"):
+        er.exact_cases(["nope/nuts"])
 
 
 # --------------------------------------------------------------------------------------------------- slow
 
 
 def _campaign(tmp_path, monkeypatch, only):
-    monkeypatch.setenv("BENCH_VERDICTS_DIR", str(tmp_path))
-    cases = bv.exact_cases(only)
-    mf = [m for m in bv.FOLDS if f"{m}/meanfield" in only]
-    records, errors = bv.campaign(cases, mf, n_runs=bv.N_RUNS)
+    cases = er.exact_cases(only)
+    mf = [m for m in er.FOLDS if f"{m}/meanfield" in only]
+    records, errors = er.campaign(cases, mf, checkpoints=tmp_path, n_runs=er.N_RUNS)
     assert not any(errors.values()), errors
     return records
 
 
 def _count(records, key, field, verdict):
     recs = records[key]
-    assert len(recs) == bv.N_RUNS
+    assert len(recs) == er.N_RUNS
     return sum(1 for r in recs if (r[field] or {}).get("verdict") == verdict)
 
 
@@ -165,9 +164,9 @@ def _count(records, key, field, verdict):
 def test_ppca_nuts_passes_19_of_20_and_every_perturbed_copy_fails_19_of_20(tmp_path, monkeypatch):
     records = _campaign(tmp_path, monkeypatch, ["ppca/nuts"])
     reasons = [r["base"]["reasons"][:200] for r in records["ppca/nuts"]]
-    assert _count(records, "ppca/nuts", "base", PASS) >= bv.GOAL, reasons
+    assert _count(records, "ppca/nuts", "base", PASS) >= er.GOAL, reasons
     for field in ("shift_worst", "shift_random", "scale_worst", "scale_random"):
-        assert _count(records, "ppca/nuts", field, FAIL) >= bv.GOAL, field
+        assert _count(records, "ppca/nuts", field, FAIL) >= er.GOAL, field
 
 
 @pytest.mark.slow
@@ -178,9 +177,9 @@ def test_hlcr_gibbs_passes_19_of_20_and_its_shifted_copies_fail_19_of_20(tmp_pat
     that every such miss is on a bounded co-clustering quantity and that the sd rule saw it as within noise."""
     key = "hlcr/gibbs[kernel=block]"
     records = _campaign(tmp_path, monkeypatch, [key])
-    assert _count(records, key, "base", PASS) >= bv.GOAL, [r["base"]["reasons"][:200] for r in records[key]]
+    assert _count(records, key, "base", PASS) >= er.GOAL, [r["base"]["reasons"][:200] for r in records[key]]
     for field in ("shift_worst", "shift_random"):
-        assert _count(records, key, field, FAIL) >= bv.GOAL, field
+        assert _count(records, key, field, FAIL) >= er.GOAL, field
     for r in records[key]:
         for field in ("scale_worst", "scale_random"):
             if r[field]["verdict"] != FAIL:
@@ -190,4 +189,4 @@ def test_hlcr_gibbs_passes_19_of_20_and_its_shifted_copies_fail_19_of_20(tmp_pat
 @pytest.mark.slow
 def test_a_mean_field_gaussian_fitted_to_the_ssgp_lmm_reference_fails_19_of_20(tmp_path, monkeypatch):
     records = _campaign(tmp_path, monkeypatch, ["ssgp_lmm/meanfield"])
-    assert _count(records, "ssgp_lmm/meanfield", "kl", FAIL) >= bv.GOAL
+    assert _count(records, "ssgp_lmm/meanfield", "kl", FAIL) >= er.GOAL

@@ -7,9 +7,8 @@ One algorithm per module:
 * ``vbem``:    closed-form mean-field VB-EM (CAVI) with a true Bernoulli q(b) (method ``vbem``);
 * ``gibbs``:   collapsed / uncollapsed Gibbs with the swap move (method ``gibbs``);
 * ``svi``:     the paper's binary-Concrete SVI with the App. B.7 temperature schedule (``svi_concrete``);
-* ``predict``: the ``inference.predict`` predictor of ``gp_alps``, from any method's posterior draws.
-
-The paper-reproduction script (§4.3, subset ranking) is ``benchmarks/gp_alps_subsets.py``.
+* ``predict``: the ``inference.predict`` predictor of ``gp_alps``, from any method's posterior draws;
+* ``subsets``: the paper's experiment 4.3, the selected subset ranked among all subset KRR models.
 """
 
 # The modules that register methods, in the paper's order (``inference.methods_for`` lists them so); any module

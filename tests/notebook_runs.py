@@ -1,0 +1,49 @@
+"""Every teaching notebook executed once per test session in FAST mode, shared by the tests that read its
+outputs (tests/test_notebooks.py checks them, tests/test_docs.py renders them into the site).
+
+One lock file per notebook: under pytest-xdist the workers of one run share a directory, and a worker that
+needs a notebook another is executing waits for it instead of running it again. The kernel runs as a student's
+would: Jupyter's inline backend and no ``DISPLAY`` (unset on macOS and JupyterHub)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import traceback
+from pathlib import Path
+
+from notebooks.build import execute, sources
+
+TIMEOUT = 180  # seconds per cell in FAST mode
+
+
+def session_dir(tmp_path_factory) -> Path:
+    """A directory of this test run: the base temp directory, or under xdist the one its workers share."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    out = base / "notebook_runs"
+    out.mkdir(exist_ok=True)
+    return out
+
+
+def executed(path: Path, directory: Path) -> Path:
+    """``directory/<name>.ipynb``, ``path`` executed in FAST mode (once per directory); a notebook that failed
+    earlier in the run raises again with the first failure's traceback, without a second execution."""
+    with open(directory / f"{path.stem}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        target, failed = directory / f"{path.stem}.ipynb", directory / f"{path.stem}.failed"
+        if target.exists():
+            return target
+        if failed.exists():
+            raise RuntimeError(f"{path.name} failed earlier in this run:\n{failed.read_text()}")
+        env = {k: v for k, v in os.environ.items() if k != "DISPLAY"}
+        try:
+            return execute(path, directory, fast=True, timeout=TIMEOUT, env=env)[0]
+        except BaseException:
+            failed.write_text(traceback.format_exc())
+            raise
+
+
+def all_executed(directory: Path) -> list[Path]:
+    return [executed(p, directory) for p in sources()]
