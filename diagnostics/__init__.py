@@ -17,6 +17,7 @@ prior sensitivity.
 >>> compare_model("hlcr", ["nuts", "gibbs"], "out")              # fit (or reuse), report, verdict lines
 >>> diagnostics.posteriordb.export_posteriordb("pdb")                 # every stored reference, posteriordb's layout
 >>> ref = diagnostics.reference_from_posteriordb("pdb", "hlcr_b2-hlcr")  # a posteriordb reference as ours
+>>> diagnostics.cost_accuracy("ppca", None, ["vbem", "nuts"])   # every method on a ladder of budgets
 >>> diagnostics.compare("hlcr", frame, ["gibbs", "vbem"], columns={"y": "sales", "agent": "store"})  # your data
 """
 
@@ -25,6 +26,7 @@ from zoo import _runtime  # noqa: F401  (JAX set-up and `import numpyro` before 
 # isort: split
 from diagnostics import plots, posteriordb, references
 from diagnostics.compare import compare, sensitivity_report
+from diagnostics.cost_accuracy import cost_accuracy, time_to_rule
 from diagnostics.metrics import psis_khat
 from diagnostics.posteriordb import reference_from_posteriordb
 from diagnostics.report import report, report_index
@@ -33,8 +35,9 @@ from diagnostics.scorecard import VERDICTS, method_scores, reference_health, sco
 from diagnostics.sensitivity import sensitivity
 from diagnostics.view import ComparedView, compared_posterior, compared_view
 
-__all__ = ["VERDICTS", "ComparedView", "SBCResult", "compare", "compared_posterior", "compared_view", "method_scores",
+__all__ = ["VERDICTS", "ComparedView", "SBCResult", "compare", "compared_posterior", "compared_view",
+           "cost_accuracy", "method_scores",
            "plots", "posteriordb",
            "psis_khat", "reference_from_posteriordb", "reference_health", "references", "report", "report_index", "sbc",
            "scorecard",
-           "sensitivity", "sensitivity_report", "vsbc"]
+           "sensitivity", "sensitivity_report", "time_to_rule", "vsbc"]
