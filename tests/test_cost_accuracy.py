@@ -19,7 +19,16 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from diagnostics import cost_accuracy as ca
+from diagnostics.cost_accuracy import (
+    COLUMNS,
+    budget_option,
+    cost_accuracy,
+    default_budgets,
+    error_slope,
+    plateau,
+    score_fit,
+    time_to_rule,
+)
 from diagnostics.scorecard import FAIL, PASS
 from diagnostics.view import compared_view
 
@@ -65,10 +74,10 @@ def test_iid_draws_worst_mean_error_falls_as_one_over_sqrt_draws(reference):
     for rep in range(8):
         rng = np.random.default_rng(rep)
         for n in budgets:
-            row = ca.score_fit(ref, _tree(rng.multivariate_normal(MU, SIGMA, size=(2, n))), "iid")
+            row = score_fit(ref, _tree(rng.multivariate_normal(MU, SIGMA, size=(2, n))), "iid")
             assert row["kind"] == "sampler"
             rows.append({"method": f"iid{rep}", "budget": n, **row})
-        slopes.append(ca.error_slope(pd.DataFrame(rows), f"iid{rep}"))
+        slopes.append(error_slope(pd.DataFrame(rows), f"iid{rep}"))
     slopes = np.array(slopes)
     se = slopes.std(ddof=1) / np.sqrt(len(slopes))
     assert abs(slopes.mean() + 0.5) < 3 * se, (slopes.mean(), se)
@@ -103,18 +112,18 @@ def test_mean_field_gaussian_plateaus_at_its_analytic_sd_error_and_never_meets_t
         done = budget
         theta = m + mf_sd * z
         log_q = (-0.5 * (z**2).sum(-1) - np.log(mf_sd).sum() - 1.5 * np.log(2 * np.pi))
-        row = ca.score_fit(ref, _tree(theta, log_q), "meanfield")
+        row = score_fit(ref, _tree(theta, log_q), "meanfield")
         rows.append({"method": "meanfield", "budget": budget, "budget_unit": "iterations", "seed": 0, **row})
     frame = pd.DataFrame(rows)
     assert (frame["kind"] == "variational").all() and frame["khat"].notna().all()
     np.testing.assert_allclose(frame["max_abs_log_sd_ratio"], analytic, atol=0.03)
     assert frame["max_std_mean_error"].iloc[0] > 1.0 and frame["max_std_mean_error"].iloc[-1] < 0.05
-    first = ca.plateau(frame, "meanfield", column="max_abs_log_sd_ratio")
+    first = plateau(frame, "meanfield", column="max_abs_log_sd_ratio")
     assert first == 1  # the sd error is at its plateau from the first iteration on
-    assert ca.plateau(frame, "meanfield", column="max_std_mean_error", tol=1.0) is not None
+    assert plateau(frame, "meanfield", column="max_std_mean_error", tol=1.0) is not None
     assert (frame["verdict"] == FAIL).all()
     assert frame["reason"].iloc[-1].startswith("too narrow")
-    t = ca.time_to_rule(frame).iloc[0]
+    t = time_to_rule(frame).iloc[0]
     assert not t["reached"] and "not within the ladder" in t["reading"]
     assert t["plateau_error"] == pytest.approx(frame["max_std_mean_error"].iloc[-1])
 
@@ -126,7 +135,7 @@ def test_time_to_rule_takes_the_first_budget_where_every_seed_passes():
         "verdict": ["NOT CONVERGED", "PASS", "PASS", "PASS", "PASS", "FAIL"],
         "run_seconds": [1.0, 1.0, 2.0, 4.0, 8.0, 8.0], "compile_seconds": [0.5] * 6,
         "max_std_mean_error": [0.4, 0.3, 0.2, 0.2, 0.1, 0.1]})
-    t = ca.time_to_rule(frame).iloc[0]
+    t = time_to_rule(frame).iloc[0]
     assert t["reached"] and t["budget"] == 20 and t["run_seconds"] == pytest.approx(3.0)
     assert t["plateau_error"] == pytest.approx(0.1)
 
@@ -148,31 +157,31 @@ def test_bad_arguments_are_a_value_error_naming_them_before_anything_compiles(kw
     from inference._timing import Stopwatch
 
     with Stopwatch() as watch, pytest.raises(ValueError, match=match):
-        ca.cost_accuracy("ppca", **kwargs, log=lambda _: None)
+        cost_accuracy("ppca", **kwargs, log=lambda _: None)
     assert watch.compile_events == 0
 
 
 def test_default_ladders_span_too_short_to_twice_the_comparison_setting():
-    nuts = ca.default_budgets("ppca", "nuts")        # ppca's comparison runs NUTS with 2000 draws per chain
+    nuts = default_budgets("ppca", "nuts")        # ppca's comparison runs NUTS with 2000 draws per chain
     assert len(nuts) == 6 and nuts[0] == 125 and nuts[-1] == 4000
-    vbem = ca.default_budgets("ppca", "vbem")         # max_iter 1000
+    vbem = default_budgets("ppca", "vbem")         # max_iter 1000
     assert len(vbem) == 6 and vbem[0] <= 5 and vbem[-1] == 2000
-    assert ca.budget_option("ppca", "svi") == ("num_steps", "steps")
-    assert ca.budget_option("hlcr", "gibbs") == ("num_samples", "draws per chain")
-    assert ca.budget_option("bpca", "dppca") == ("max_iter", "rounds")
-    assert ca.budget_option("ppca", "em") == ("max_iter", "iterations")
+    assert budget_option("ppca", "svi") == ("num_steps", "steps")
+    assert budget_option("hlcr", "gibbs") == ("num_samples", "draws per chain")
+    assert budget_option("bpca", "dppca") == ("max_iter", "rounds")
+    assert budget_option("ppca", "em") == ("max_iter", "iterations")
 
 
 def test_ppca_vbem_and_em_ladders_run_end_to_end_with_the_stopping_rule_off():
     """The stored ppca reference's data; every row scored, the budget is the iteration cap (tol off: VB-EM runs
     every iteration it is given; EM stops only at an exact fixed point), compile and run seconds apart."""
     lines = []
-    frame = ca.cost_accuracy("ppca", None, ["vbem", "em"], budgets=[3, 30], log=lines.append)
-    assert list(frame.columns) == ca.COLUMNS and len(frame) == 4 and len(lines) == 4
+    frame = cost_accuracy("ppca", None, ["vbem", "em"], budgets=[3, 30], log=lines.append)
+    assert list(frame.columns) == COLUMNS and len(frame) == 4 and len(lines) == 4
     assert frame.attrs["model"] == "ppca"
     vb = frame[frame["method"] == "vbem"]
     assert list(vb["n_iter"]) == [3, 30] and (vb["budget_unit"] == "iterations").all()
     assert (frame["compile_seconds"] >= 0).all() and (frame["run_seconds"] > 0).all()
     assert frame["max_std_mean_error"].notna().all() and frame["verdict"].notna().all()
     assert vb["khat"].notna().all() and frame.loc[frame["method"] == "em", "max_abs_log_sd_ratio"].isna().all()
-    assert set(ca.time_to_rule(frame)["method"]) == {"vbem", "em"}
+    assert set(time_to_rule(frame)["method"]) == {"vbem", "em"}
