@@ -158,13 +158,15 @@ def _labels_checksum(fit: inference.Prepared) -> str:
 
 
 def write_comparison(spec: zoo.ModelSpec | str, trees: Mapping[str, xr.DataTree], out: Path, *,
-                     section: str | None = None, data_note: str | None = None, log: Log = print) -> Path:
+                     section: str | None = None, data_note: str | None = None, ladder: Any = None,
+                     log: Log = print) -> Path:
     """Write the model's report page to ``out/<model>/`` (``out/<model>/<section>/`` for a section such as a real
     dataset's, with ``data_note`` naming its data under the title; every tree's compared view computed once
-    inside) and log each method's verdict with the first clause of its reason; returns the page's path."""
+    inside; ``ladder``: a ``diagnostics.cost_accuracy`` frame, its section and ``cost_accuracy.csv``) and log each
+    method's verdict with the first clause of its reason; returns the page's path."""
     spec = zoo.get(spec)
     folder = Path(out) / spec.name / (section or "")
-    page = Path(report(spec.name, dict(trees), folder, data_note=data_note,
+    page = Path(report(spec.name, dict(trees), folder, data_note=data_note, ladder=ladder,
                        index_link="../../index.html" if section else "../index.html"))
     summary = json.loads((page.parent / SUMMARY).read_text())
     where = f"{spec.name}/{section}" if section else spec.name
@@ -175,23 +177,59 @@ def write_comparison(spec: zoo.ModelSpec | str, trees: Mapping[str, xr.DataTree]
 
 @_explained
 def compare_model(spec: zoo.ModelSpec | str, methods: Sequence[str] | None, out: Path, *, seed: int = 0,
-                  fresh: bool = False, progress: bool | None = None, log: Log = print) -> Path:
+                  fresh: bool = False, progress: bool | None = None, ladder: bool = False, log: Log = print) -> Path:
     """``run_comparison`` then ``write_comparison``; ``methods`` None: every method of the model
-    (``inference.methods_for``). Returns the report page's path."""
+    (``inference.methods_for``). ``ladder``: every method also on its default ladder of budgets
+    (``ladder_of``), the page's section "Accuracy against compute". Returns the report page's path."""
     spec = zoo.get(spec)
     chosen = list(methods) if methods else inference.methods_for(spec)
     trees = run_comparison(spec, chosen, out, seed=seed, fresh=fresh, progress=progress, log=log)
-    return write_comparison(spec, trees, out, log=log)
+    frame = ladder_of(spec, chosen, Path(out) / spec.name, fresh=fresh, progress=progress, log=log) if ladder else None
+    return write_comparison(spec, trees, out, ladder=frame, log=log)
+
+
+def ladder_of(spec: zoo.ModelSpec, methods: Sequence[str], folder: Path, *, data: Any = None,
+              reference: xr.DataTree | None = None, options: Mapping[str, Mapping[str, Any]] | None = None,
+              fresh: bool = False, progress: bool | None = None, log: Log = print):
+    """``diagnostics.cost_accuracy`` of ``methods`` on their default ladders (``data``/``reference`` None: the
+    stored reference and its data), or the frame an earlier run wrote to ``folder/cost_accuracy.csv`` when it
+    holds exactly these methods and ladders and the reference's data (unless ``fresh``)."""
+    import pandas as pd
+
+    from diagnostics.cost_accuracy import CSV, cost_accuracy, default_budgets
+
+    path, marker = Path(folder) / CSV, Path(folder) / f"{CSV}.data"   # the marker: which data the ladders ran on
+    stamp = references.data_checksum(spec, data) if data is not None else "the stored reference's data"
+    if path.is_file() and not fresh:
+        old = pd.read_csv(path)
+        same = (list(old["method"].drop_duplicates()) == list(methods)
+                and all(sorted(old.loc[old["method"] == m, "budget"].unique()) == default_budgets(spec, m)
+                        for m in methods)
+                and marker.is_file() and marker.read_text() == stamp)
+        if same:
+            log(f"  {spec.name}: reusing the ladders of {path}")
+            old.attrs["model"] = spec.name
+            return old
+    log(f"  {spec.name}: accuracy against compute, every method on its ladder of budgets")
+    frame = cost_accuracy(spec, data, list(methods), reference=reference, options=options, progress=progress,
+                          log=log)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(stamp)     # the frame itself is written beside the page by the report
+    return frame
 
 
 @_explained
 def run_demo(out: Path, models: Sequence[str] | None = None, *, methods: Mapping[str, Sequence[str]] | None = None,
              seed: int = 0, fresh: bool = False, progress: bool | None = None, workers: int = 1,
-             log: Log = print) -> Path:
+             ladders: bool | Sequence[str] | None = None, log: Log = print) -> Path:
     """``compare_model`` for every model (``models`` None: all registered), each with every method it offers
     or those ``methods[model]`` names, then its real-data sections (``compare_real_data``: its kernels against
     the stored NUTS reference of each real dataset), then the index page counting the verdicts; returns its
     path.
+
+    ``ladders``: the models whose pages get the section "Accuracy against compute" (every method on its ladder
+    of budgets, ``ladder_of``; run in this process after the fits): None, the cheap ones (``DEMO_LADDERS``)
+    among ``models``; True, every one; False, none. The index page names the models left out.
 
     ``workers`` > 1: every fit runs in that many spawned worker processes (``diagnostics.workers``, slowest kind
     first), written where the in-process sequence writes it and with its run stamp; then each model's pages are
@@ -202,6 +240,9 @@ def run_demo(out: Path, models: Sequence[str] | None = None, *, methods: Mapping
 
     workers = pool.check_workers(workers)
     specs = [zoo.get(name) for name in (models or zoo.list_models())]   # an unknown name fails before any fit
+    laddered = demo_ladders([spec.name for spec in specs], ladders)
+    for name in laddered if fresh else []:        # a fresh demo runs its ladders again too
+        (Path(out) / name / "cost_accuracy.csv.data").unlink(missing_ok=True)
     chosen = {spec.name: list((methods or {}).get(spec.name) or inference.methods_for(spec)) for spec in specs}
     t0 = time.time()
     pages: dict[str, Any] = {}
@@ -219,13 +260,43 @@ def run_demo(out: Path, models: Sequence[str] | None = None, *, methods: Mapping
     for i, spec in enumerate(specs if workers == 1 else [], 1):
         log(f"[{i}/{len(specs)}] {spec.name}: {', '.join(chosen[spec.name])}")
         pages[spec.name] = compare_model(spec, chosen[spec.name], out, seed=seed, fresh=fresh, progress=progress,
-                                         log=log)
+                                         ladder=spec.name in laddered, log=log)
         for dataset, page in compare_real_data(spec, out, seed=seed, fresh=fresh, progress=progress,
                                                log=log).items():
             pages[f"{spec.name} / real data: {dataset}"] = page
-    index = Path(report_index(pages, out))
+    for i, name in enumerate(laddered if workers > 1 else [], 1):   # trees on disk: the ladders, then the page
+        log(f"[ladder {i}/{len(laddered)}] {name}")
+        pages[name] = compare_model(name, chosen[name], out, seed=seed, progress=progress, ladder=True, log=log)
+    left_out = [spec.name for spec in specs if spec.name not in laddered]
+    note = None
+    if laddered or left_out:
+        note = ("Accuracy against compute (every method on a ladder of budgets): "
+                + (f"on the pages of {', '.join(laddered)}" if laddered else "on no page")
+                + (f"; left out of this demo to keep it within its time budget: {', '.join(left_out)} (zoo compare "
+                   "MODEL --ladder makes it for any of them)" if left_out else "") + ".")
+    index = Path(report_index(pages, out, note=note))
     log(f"demo finished in {time.time() - t0:.0f} s; open {index.resolve()}")
     return index
+
+
+# The models whose ladders ``zoo demo`` runs by default: those whose every method's ladder fits the demo's time
+# budget (benchmarks/results.md, section cost_accuracy); ``zoo compare MODEL --ladder`` runs any model's.
+DEMO_LADDERS: tuple[str, ...] = ("ppca", "mppca", "bpca")
+
+
+def demo_ladders(models: Sequence[str], ladders: bool | Sequence[str] | None) -> list[str]:
+    """The models among ``models`` whose demo page gets its ladders (``run_demo``); ``ValueError`` naming
+    ``ladders`` for a model that is not among them."""
+    if ladders is None:
+        return [m for m in models if m in DEMO_LADDERS]
+    if isinstance(ladders, bool):
+        return list(models) if ladders else []
+    if isinstance(ladders, str) or not isinstance(ladders, Sequence):
+        raise ValueError(f"ladders: expected None, True, False or a list of models, got {ladders!r}")
+    bad = [m for m in ladders if m not in models]
+    if bad:
+        raise ValueError(f"ladders: {bad} are not among the demo's models {list(models)}")
+    return [m for m in models if m in ladders]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -598,11 +669,12 @@ def run_plan(plan: ComparisonPlan, out: str | os.PathLike, *, section: str | Non
              data_note: str | None = None, crosscheck: Any = True, cache_dir: str | os.PathLike | None = None,
              fresh: bool = False, fresh_reference: bool = False, make_reference: bool = True,
              stored_tags: Sequence[str] | None = None, reference_budget: float | None = DEFAULT_REFERENCE_BUDGET,
-             progress: bool | None = None, log: Log = print) -> Comparison:
+             ladder: bool = False, progress: bool | None = None, log: Log = print) -> Comparison:
     """Run a planned comparison: the reference (``own_reference`` with the plan's samplers and
     ``reference_budget``; ``make_reference`` False: only a stored or cached one, else ``NoReference`` before any
     fit), the methods (each tree in ``out/<model>[/<section>]/``, reused on a rerun unless ``fresh``) and the
-    report there (``write_comparison``)."""
+    report there (``write_comparison``); ``ladder``: every method also on its ladder of budgets against that
+    reference (``ladder_of``), the page's section "Accuracy against compute"."""
     t_start = time.time()
     spec = plan.spec
     n_rows = len(next(iter(plan.data.values())))
@@ -615,8 +687,17 @@ def run_plan(plan: ComparisonPlan, out: str | os.PathLike, *, section: str | Non
     trees = fit_prepared_methods(spec, plan.prepared, plan.options, Path(out) / spec.name / (section or ""),
                                  seed=plan.seed, fresh=fresh, log=log)
     seconds = {"reference": ref.seconds, "methods": time.time() - t_methods}
+    frame = None
+    if ladder:
+        from diagnostics.cost_accuracy import budget_option
+
+        opts = {m: {k: v for k, v in o.items() if k not in spec.hyperparameters
+                    and k not in (budget_option(spec, m)[0], "tol", "progress")} for m, o in plan.options.items()}
+        frame = ladder_of(spec, list(plan.prepared), Path(out) / spec.name / (section or ""), data=plan.data,
+                          reference=ref.tree, options=opts, fresh=fresh, progress=progress, log=log)
+        seconds["ladder"] = time.time() - t_methods - seconds["methods"]
     page = write_comparison(spec, {ref.label: ref.tree, **trees}, Path(out), section=section, data_note=data_note,
-                            log=log)
+                            ladder=frame, log=log)
     summary = json.loads((page.parent / SUMMARY).read_text())
     seconds["total"] = time.time() - t_start
     return Comparison(page=page, verdicts={m: v["verdict"] for m, v in summary.get("methods", {}).items()},
@@ -632,7 +713,8 @@ def compare(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str] | None
             options: Mapping[str, Mapping[str, Any]] | None = None, reference: Mapping[str, Any] | None = None,
             reference_method: str | None = None, reference_budget: float | None = DEFAULT_REFERENCE_BUDGET,
             crosscheck: Any = True, cache_dir: str | os.PathLike | None = None, fresh: bool = False,
-            fresh_reference: bool = False, progress: bool | None = None, log: Log = print) -> Comparison:
+            fresh_reference: bool = False, ladder: bool = False, progress: bool | None = None,
+            log: Log = print) -> Comparison:
     """Compare ``methods`` with MCMC on your own data: a reference on ``data`` by the model's best exact sampler
     (``own_reference``: a stored reference of the same data and hyperparameters serves as it is, else the model's
     ``reference_samplers`` are tried in order, the first healthy one cross-checked against the others, and
@@ -659,6 +741,9 @@ def compare(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str] | None
     crosscheck:    True: the other reference samplers cross-check the reference where healthy; None: none.
     cache_dir:     where references are cached (``default_cache_dir()``); ``fresh_reference`` remakes it,
                    ``fresh`` refits the methods.
+    ladder:        also run every method on its ladder of budgets against the reference
+                   (``diagnostics.cost_accuracy``): ``cost_accuracy.csv`` and the page's section "Accuracy against
+                   compute".
     progress:      progress bars of the fits; None (default): only when stderr is a terminal.
 
     Every argument, method and option is checked before anything runs (``ValueError`` naming it).
@@ -670,7 +755,8 @@ def compare(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str] | None
                            options=options, reference=reference, reference_method=reference_method,
                            progress=progress)
     return run_plan(plan, out, crosscheck=crosscheck, cache_dir=cache_dir, fresh=fresh,
-                    fresh_reference=fresh_reference, reference_budget=reference_budget, progress=progress, log=log)
+                    fresh_reference=fresh_reference, reference_budget=reference_budget, ladder=ladder,
+                    progress=progress, log=log)
 
 
 def compare_real_data(spec: zoo.ModelSpec | str, out: str | os.PathLike, *, seed: int = 0, fresh: bool = False,

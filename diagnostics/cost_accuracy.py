@@ -63,6 +63,7 @@ MIN_DRAWS = 20                  # a sampler's shortest rung: R-hat and ESS need 
 SAMPLER_SEEDS = (0, 1)
 OTHER_SEEDS = (0,)
 PLATEAU_TOL = 0.10              # ``plateau``: within 10 % of the error at the largest budget
+CSV = "cost_accuracy.csv"       # the frame, beside the report page
 
 COLUMNS = ["model", "method", "kind", "budget", "budget_unit", "budget_option", "seed", "n_iter", "compile_seconds",
            "run_seconds", "xla_programs", "max_std_mean_error", "max_abs_log_sd_ratio", "mean_w1_sd", "khat",

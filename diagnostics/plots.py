@@ -5,7 +5,8 @@
 * ``plot_forest``: central intervals of every method side by side (``arviz_plots.plot_forest``);
 * ``plot_traces``: ELBO / bound per iteration of the methods that record one;
 * ``plot_sbc``: the SBC / VSBC ECDF-difference plot (``arviz_plots.plot_ecdf_pit``);
-* ``plot_sensitivity``: power-scaled posteriors (``arviz_plots.plot_psense_dist``).
+* ``plot_sensitivity``: power-scaled posteriors (``arviz_plots.plot_psense_dist``);
+* ``plot_cost_accuracy``: each method's worst mean error against its run seconds over a ladder of budgets.
 
 Shape trap (notes/ecosystem.md 1.5): ArviZ concatenates a dict of trees along a ``model`` dim, and
 trees of different (chain, draw) sizes are NaN-padded (``plot_forest`` then renders empty). So every
@@ -351,3 +352,56 @@ def _varying_entries(post: xr.Dataset) -> tuple[xr.Dataset, list[str]]:
         else:
             gone.append(k if not dims else f"{k}[{','.join(':' for _ in dims)}]")
     return xr.Dataset(keep, attrs=post.attrs), gone
+
+
+def plot_cost_accuracy(frame, path: str | os.PathLike | None = None, *, title: str | None = None):
+    """Accuracy against compute (``diagnostics.cost_accuracy``): each method's worst standardised mean error
+    against its run seconds, log-log, one line per method through the seed-averaged rungs of its ladder (each seed
+    a dot; a star where every seed first meets the method's rule), the practical threshold (0.2 reference sd)
+    as a horizontal line, each sampler's Monte Carlo error at each rung dashed in its colour (an exact sampler
+    sits at a few times it), and the reference's own Monte Carlo error dotted (no method can be seen closer to
+    the posterior than that). Returns the figure (saved as PNG when ``path``)."""
+    import pandas as pd
+
+    from diagnostics.cost_accuracy import time_to_rule
+    from diagnostics.scorecard import MEAN_TOL
+
+    frame = pd.DataFrame(frame)
+    if not len(frame):
+        raise ValueError("frame: no rows (run diagnostics.cost_accuracy first)")
+    plt = _mpl()
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    floor = 1e-4
+    rule = time_to_rule(frame).set_index("method")
+    for i, (method, g) in enumerate(frame.groupby("method", sort=False)):
+        color = COLORS[1 + i % (len(COLORS) - 1)]
+        secs = g["run_seconds"].clip(lower=1e-4)
+        err = g["max_std_mean_error"].clip(lower=floor)
+        ax.scatter(secs, err, s=12, color=color, alpha=0.5, lw=0)
+        mean = g.assign(run_seconds=secs, max_std_mean_error=err).groupby("budget")[
+            ["run_seconds", "max_std_mean_error", "mc_error"]].mean().sort_index()
+        unit = g["budget_unit"].iloc[0]
+        ax.plot(mean["run_seconds"], mean["max_std_mean_error"], "-o", ms=3.5, color=color, lw=1.6,
+                label=f"{method} ({g['kind'].iloc[0]}; {int(mean.index[0])}..{int(mean.index[-1])} {unit})")
+        if g["kind"].iloc[0] == "sampler":
+            ax.plot(mean["run_seconds"], mean["mc_error"].clip(lower=floor), "--", color=color, lw=1.0, alpha=0.8,
+                    label=f"{method}: its Monte Carlo error")
+        if method in rule.index and bool(rule.at[method, "reached"]):
+            b = rule.at[method, "budget"]
+            ax.plot(mean.at[b, "run_seconds"], mean.at[b, "max_std_mean_error"], "*", ms=14, color=color,
+                    mec="black", mew=0.6, zorder=5)
+    ax.axhline(MEAN_TOL, color="#d62728", lw=1.0, ls="-.", label=f"practical threshold ({MEAN_TOL} reference sd)")
+    ref_mc = float(frame["reference_mc_error"].max())
+    if np.isfinite(ref_mc) and ref_mc > 0:
+        ax.axhline(ref_mc, color="#7f7f7f", lw=1.0, ls=":", label="the reference's own Monte Carlo error")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("run seconds (compile time apart)")
+    ax.set_ylabel("worst mean error (reference sd)")
+    ax.grid(alpha=0.3, which="both")
+    ax.set_title(title or f"{frame['model'].iloc[0] if 'model' in frame else ''}: accuracy against compute "
+                 "(star: first budget meeting the method's rule)", fontsize=10)
+    ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    _save(fig, path)
+    return fig

@@ -352,8 +352,8 @@ def hyperparameter_table(spec: zoo.ModelSpec, trees: Mapping[str, xr.DataTree]) 
 
 def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir: str | os.PathLike, *,
            reference: str | None = None, sbc_results: Sequence = (), var_names: Sequence[str] | None = None,
-           sensitivity_of: str | None = None, data_note: str | None = None, index_link: str = "../index.html"
-           ) -> Path:
+           sensitivity_of: str | None = None, data_note: str | None = None, index_link: str = "../index.html",
+           ladder: pd.DataFrame | None = None) -> Path:
     """Write ``out_dir/report.html`` (+ PNGs, ``scorecard.csv``, ``methods.csv``, ``summary.json``)
     comparing every tree with the reference, and return the page's path.
 
@@ -370,6 +370,8 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
     sensitivity_of: the key whose fit gets the power-scaling check (default: the reference).
     data_note:    a line on the data the trees were fitted on, shown under the title (e.g. a real dataset).
     index_link:   the index page, relative to ``out_dir``.
+    ladder:       a ``diagnostics.cost_accuracy`` frame of the same model and data: adds the section "Accuracy
+                  against compute" (``cost_accuracy_section``) and writes it to ``cost_accuracy.csv``.
     """
     from diagnostics import plots
     from diagnostics.scorecard import method_scores, scorecard
@@ -508,6 +510,11 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
                         lambda p: plots.plot_traces(ordered, p)))
     sections.append(("plots", "Plots", "".join(figs)))
 
+    # --- accuracy against compute
+    if ladder is not None and len(ladder):
+        body, summary["cost_accuracy"] = cost_accuracy_section(ladder, out_dir)
+        sections.append(("cost", "Accuracy against compute", body))
+
     # --- sensitivity
     body, sens_summary, _ = sensitivity_section(ordered[sens_key], sens_key, out_dir, var_names=var_names)
     if sens_summary is not None:
@@ -560,6 +567,47 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
     _write(page, _html(f"bayes-zoo: {spec.name}", head + body))
     _write(out_dir / SUMMARY, json.dumps(summary, indent=1, default=_json_default))
     return page
+
+
+def cost_accuracy_section(frame: pd.DataFrame, out_dir: Path) -> tuple[str, list[dict]]:
+    """(HTML, summary) of a ``diagnostics.cost_accuracy`` frame: what the ladders were, the plot
+    (``plots.plot_cost_accuracy``) and the table "time to reach the rule" (``time_to_rule``: per method, the first
+    budget and the seconds at which it meets its rule, or "not within the ladder" with the error it plateaus at);
+    the frame is written to ``out_dir/cost_accuracy.csv``."""
+    from diagnostics import plots
+    from diagnostics.cost_accuracy import CSV, time_to_rule
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out_dir / CSV, index=False)
+    rule = time_to_rule(frame)
+    ladders = []
+    for method, g in frame.groupby("method", sort=False):
+        budgets = ", ".join(str(int(b)) for b in sorted(g["budget"].unique()))
+        ladders.append(f"<b>{_esc(method)}</b>: {_esc(budgets)} {_esc(g['budget_unit'].iloc[0])} "
+                       f"({g['seed'].nunique()} seed{'s' if g['seed'].nunique() > 1 else ''} each)")
+    table = pd.DataFrame({
+        "method": rule["method"], "kind": rule["kind"],
+        "meets its rule at": [f"{int(r.budget)} {r.budget_unit}" if r.reached else "not within the ladder"
+                              for r in rule.itertuples()],
+        "run s": rule["run_seconds"], "compile s": rule["compile_seconds"],
+        "error at the largest budget (ref sd)": rule["plateau_error"],
+        "verdicts at the largest budget": rule["verdicts_at_largest"]})
+    body = ("<p>Every method run again on a ladder of budgets, in its own unit, from too short to beyond its "
+            "setting above; methods with a stopping rule run with it off, so the budget is the budget. Each fit "
+            "is scored against the reference as above. " + "; ".join(ladders) + ".</p>"
+            + _figure(out_dir, "cost_accuracy.png",
+                      "Worst mean error against run seconds (log-log), one line per method (dots: seeds). Below the "
+                      "red line (0.2 reference sd) the means are practically right; an exact sampler keeps falling, "
+                      "as 1/sqrt(draws), along its dashed Monte Carlo error; an approximation flattens where its "
+                      "bias is, however long it runs. The star marks the first budget meeting the method's rule.",
+                      lambda p: plots.plot_cost_accuracy(frame, p))
+            + "<h3>Time to reach the rule</h3><p>The first budget at which every seed meets the method's rule "
+              "(PASS), with its run seconds (compile time apart); a method that never does, within its ladder, "
+              "shows the error it stays at: a variational method's bias is the answer, not a failure.</p>"
+            + _table(table, text_cols=("kind", "meets its rule at", "verdicts at the largest budget"))
+            + f"<p class='muted'>Every fit: <a href='{CSV}'>{CSV}</a>.</p>")
+    return body, rule.to_dict("records")
 
 
 def sensitivity_section(tree, label: str, out_dir: Path, *, var_names: Sequence[str] | None = None,
@@ -658,10 +706,12 @@ def _write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def report_index(pages: Mapping[str, str | os.PathLike], out_dir: str | os.PathLike) -> Path:
+def report_index(pages: Mapping[str, str | os.PathLike], out_dir: str | os.PathLike, *, note: str | None = None
+                 ) -> Path:
     """Write ``out_dir/index.html``: the count of each verdict over every (model, method) pair, what the four
     verdicts mean, and one row per model (``pages``: model -> its report page) with the verdict of every method
-    and, for each that is not PASS, what is wrong in a few words; linking to the pages. Returns the index path."""
+    and, for each that is not PASS, what is wrong in a few words; linking to the pages; ``note``: a paragraph under
+    the counts (the demo: which models' pages show accuracy against compute). Returns the index path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows, counts = [], dict.fromkeys(VERDICTS, 0)
@@ -714,7 +764,8 @@ def report_index(pages: Mapping[str, str | os.PathLike], out_dir: str | os.PathL
     body = ("<h1>bayes-zoo: every model, every method, against MCMC</h1>"
             "<p class='lead'>Each model's page compares its hand-written kernels and variational methods with a "
             "healthy NUTS reference, quantity by quantity, and says in words what is wrong.</p>"
-            f"<p class='muted'>Generated {stamp}. {len(pages)} model(s).</p>" + tally + _legend()
+            f"<p class='muted'>Generated {stamp}. {len(pages)} model(s).</p>" + tally
+            + (f"<p>{_esc(note)}</p>" if note else "") + _legend()
             + RULES_TEXT + table)
     path = out_dir / "index.html"
     _write(path, _html("bayes-zoo report", body))

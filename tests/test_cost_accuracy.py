@@ -185,3 +185,103 @@ def test_ppca_vbem_and_em_ladders_run_end_to_end_with_the_stopping_rule_off():
     assert frame["max_std_mean_error"].notna().all() and frame["verdict"].notna().all()
     assert vb["khat"].notna().all() and frame.loc[frame["method"] == "em", "max_abs_log_sd_ratio"].isna().all()
     assert set(time_to_rule(frame)["method"]) == {"vbem", "em"}
+
+
+def test_zoo_compare_ladder_on_a_csv_writes_the_frame_the_plot_and_the_section(tmp_path):
+    """``zoo compare toy_normal --data toy.csv --methods exact --ladder``: the reference made on the CSV (NUTS,
+    seconds), the exact sampler on its default ladder (6 budgets x 2 seeds) scored against it, and the page's
+    section with the plot and the table; a second run reuses the ladder."""
+    import json
+
+    from test_compare_own_data import TOY_REFERENCE, toy_csv
+    from test_spine import SPEC
+    from typer.testing import CliRunner
+
+    import zoo
+    from zoo_cli import app
+
+    zoo.register(SPEC, replace=True)
+    try:
+        args = ["compare", "toy_normal", "--data", str(toy_csv(tmp_path)), "--methods", "exact", "--ladder",
+                "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"),
+                *[a for k, v in TOY_REFERENCE.items() for a in ("--reference", f"{k}={v}")]]
+        first = CliRunner().invoke(app, args)
+        assert first.exit_code == 0, first.output
+        folder = tmp_path / "out" / "toy_normal"
+        frame = pd.read_csv(folder / "cost_accuracy.csv")
+        assert list(frame.columns) == COLUMNS
+        assert sorted(frame["budget"].unique()) == default_budgets("toy_normal", "exact")
+        assert set(frame["seed"]) == {0, 1} and len(frame) == 12
+        assert (folder / "cost_accuracy.png").stat().st_size > 10_000
+        page = (folder / "report.html").read_text()
+        assert "Accuracy against compute" in page and "Time to reach the rule" in page
+        summary = json.loads((folder / "summary.json").read_text())
+        assert [r["method"] for r in summary["cost_accuracy"]] == ["exact"]
+        second = CliRunner().invoke(app, args)
+        assert second.exit_code == 0 and "reusing the ladders" in second.output, second.output
+    finally:
+        zoo.unregister("toy_normal")
+
+
+def test_demo_ladders_default_to_the_cheap_models_and_bad_names_are_refused():
+    from typer.testing import CliRunner
+
+    from diagnostics.compare import DEMO_LADDERS, demo_ladders
+    from zoo_cli import app
+
+    assert demo_ladders(["hlcr", "ppca", "bpca"], None) == [m for m in ["hlcr", "ppca", "bpca"] if m in DEMO_LADDERS]
+    assert demo_ladders(["hlcr", "ppca"], True) == ["hlcr", "ppca"] and demo_ladders(["ppca"], False) == []
+    with pytest.raises(ValueError, match="ladders: .*'gp_alps'.* not among"):
+        demo_ladders(["ppca"], ["gp_alps"])
+    result = CliRunner().invoke(app, ["demo", "--models", "ppca", "--ladders", "hlcr", "--out", "unused"])
+    assert result.exit_code == 2 and "not among the demo's models" in " ".join(result.output.split())
+
+
+def _ladder_cases() -> list[tuple[str, str]]:
+    """(model, method) of every exact sampler (NUTS, the Gibbs kernels) and every VB/EM/ADMM kernel of the zoo's
+    own models (SVI's stochastic error and the federated Gibbs rounds are neither)."""
+    import inference
+    import zoo
+    from inference._methods import get_method
+
+    cases = []
+    for model in zoo.list_models():
+        spec = zoo.get(model)
+        if not spec.model.__module__.startswith("zoo."):
+            continue
+        for method in inference.methods_for(spec):
+            kind = get_method(spec, method).kind
+            if kind == "sampler" or (not method.startswith("svi") and "gibbs" not in method):
+                cases.append((model, method))
+    return cases
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,method", _ladder_cases(), ids=lambda v: str(v))
+def test_on_the_demo_data_samplers_fall_as_draws_to_the_minus_half_and_kernels_plateau(model, method):
+    """On the stored reference's data, the method's default ladder: an exact sampler's worst mean error falls
+    with slope between -0.3 and -0.7 on log-log against draws per chain (exact: -0.5; the reference's own Monte
+    Carlo error flattens the last rungs a little); a VB/EM/ADMM kernel's error reaches a plateau within 10 % of
+    its converged value (the fit at the comparison's own setting, stopping rule on) before the end of its ladder
+    and stays there."""
+    import inference
+    import zoo
+    from diagnostics import references
+    from diagnostics.compare import comparison_data, method_options
+    from inference._methods import get_method
+    from inference.trees import problem_of
+
+    spec = zoo.get(model)
+    frame = cost_accuracy(model, None, [method])
+    if get_method(spec, method).kind == "sampler":
+        slope = error_slope(frame, method)
+        assert -0.7 <= slope <= -0.3, (slope, frame[["budget", "seed", "max_std_mean_error"]])
+        return
+    data, tag = comparison_data(spec)
+    reference = references.load(model, data, tag=tag)
+    converged = score_fit(reference, inference.fit(spec, data, method, seed=0, **method_options(
+        spec, method, problem_of(reference)[2])), method)["max_std_mean_error"]
+    m = frame.groupby("budget")["max_std_mean_error"].mean().sort_index()
+    within = np.abs(m.to_numpy() - converged) <= 0.10 * converged
+    first = int(np.argmax(within)) if within.any() else len(within)
+    assert first < len(within) - 1 and within[first:].all(), (converged, m)

@@ -295,11 +295,17 @@ def compare(
         help="ROOT/NAME: judge the methods against the reference draws of posterior NAME of the local posterior "
              "database ROOT (posteriordb's layout, e.g. written by `zoo references --export-posteriordb ROOT`), "
              "fitted on its data with its hyperparameters.", metavar="ROOT/NAME")] = None,
+    ladder: Annotated[bool, typer.Option(
+        "--ladder", help="Also run every method on a ladder of about 6 budgets (draws per chain, SVI steps, VB/EM "
+                         "iterations, ADMM rounds; stopping rules off) from too short to twice its setting, scored "
+                         "against the same reference: --out/MODEL/cost_accuracy.csv, the plot of error against "
+                         "run seconds and the page's table 'time to reach the rule'. Costs several fits per "
+                         "method.")] = False,
     device: DeviceOption = None,
 ) -> None:
     """Fit several methods and write the comparison with an MCMC reference (scorecard, verdicts, plots, HTML
     report) to --out/MODEL/: on the data of the model's stored NUTS reference, or with --data on your own
-    data.
+    data. With --ladder, also accuracy against compute: every method on a ladder of budgets.
 
     **Your own data** (--data FILE.csv/.parquet/.npz, columns as for `zoo fit`): a reference is made on it by
     the model's best exact sampler (hlcr, gp_alps: the collapsed Gibbs kernel; the others: NUTS), to the stored
@@ -332,7 +338,7 @@ def compare(
     _check_out(out, directory=True)
     _setup(device)
     from diagnostics.compare import compare as compare_on_data
-    from diagnostics.compare import run_comparison, write_comparison
+    from diagnostics.compare import ladder_of, run_comparison, write_comparison
     from inference import methods_for
     from inference.progress import explained_warnings
 
@@ -340,9 +346,10 @@ def compare(
     chosen = [m.strip() for m in methods.split(",") if m.strip()] or methods_for(spec)
     if reference_posteriordb is not None:
         if data is not None or column or dropna or set_ or reference or reference_method or cache_dir or \
-                fresh_reference:
+                fresh_reference or ladder:
             raise typer.BadParameter("--reference-posteriordb brings its own data and hyperparameters; it does not "
-                                     "go with --data, --column, --dropna, --set or the --reference options",
+                                     "go with --data, --column, --dropna, --set, --ladder or the --reference "
+                                     "options",
                                      param_hint="--reference-posteriordb")
         from diagnostics.posteriordb import compare_with_posteriordb
 
@@ -361,7 +368,7 @@ def compare(
             result = compare_on_data(spec, values, chosen, out=out, seed=seed, hyper=_parse_sets(set_ or []),
                                      reference=_parse_sets(reference or []), reference_method=reference_method,
                                      reference_budget=reference_budget or None, cache_dir=cache_dir, fresh=fresh,
-                                     fresh_reference=fresh_reference, log=typer.echo, **table)
+                                     fresh_reference=fresh_reference, ladder=ladder, log=typer.echo, **table)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         ref = result.reference
@@ -377,10 +384,11 @@ def compare(
     with explained_warnings(typer.echo):
         try:  # every method and option is validated before the first fit
             trees = run_comparison(spec, chosen, out, seed=seed, fresh=fresh, log=typer.echo)
+            frame = ladder_of(spec, chosen, out / spec.name, fresh=fresh, log=typer.echo) if ladder else None
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--methods" if str(exc).startswith("method:") else None
                                      ) from None
-        typer.echo(f"comparison written to {write_comparison(spec, trees, out, log=typer.echo)}")
+        typer.echo(f"comparison written to {write_comparison(spec, trees, out, ladder=frame, log=typer.echo)}")
 
 
 @app.command()
@@ -435,6 +443,10 @@ def demo(
     fresh: Annotated[bool, typer.Option(help="Refit even when a matching result exists in --out.")] = False,
     workers: Annotated[int, typer.Option(help="Worker processes that run the fits side by side (they share the "
                                               "compilation cache); 0: one per core.")] = 0,
+    ladders: Annotated[str, typer.Option(
+        help="Which models' pages also show accuracy against compute (every method on a ladder of budgets, as `zoo "
+             "compare --ladder`): 'cheap' (the models whose ladders fit the demo's time budget; the index page "
+             "names the others), 'all', 'none', or comma-separated models.")] = "cheap",
     device: DeviceOption = None,
 ) -> None:
     """The main job (`make demo`): every model, every method, compared with MCMC; writes an HTML
@@ -451,7 +463,18 @@ def demo(
     from diagnostics.workers import default_workers
 
     names = [_spec(m.strip()).name for m in models.split(",") if m.strip()] or None
-    run_demo(out, names, seed=seed, fresh=fresh, workers=workers or default_workers(), log=typer.echo)
+    import zoo
+    from diagnostics.compare import demo_ladders
+
+    chosen = {"cheap": None, "all": True, "none": False}.get(ladders.strip().lower())
+    if chosen is None and ladders.strip().lower() != "cheap":
+        chosen = [_spec(m.strip()).name for m in ladders.split(",") if m.strip()]
+    try:
+        demo_ladders(names or zoo.list_models(), chosen)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc).removeprefix("ladders: "), param_hint="--ladders") from None
+    run_demo(out, names, seed=seed, fresh=fresh, workers=workers or default_workers(), ladders=chosen,
+             log=typer.echo)
 
 
 @app.command()

@@ -1,0 +1,98 @@
+"""Accuracy against compute (issue 31): every method of each model on its ladder of budgets
+(``diagnostics.cost_accuracy``, default ladders and seeds), on the stored reference's data, all in one process
+and one run, so the seconds of the methods of one model are side by side.
+
+Per model, two tables: the time to reach the rule (the first budget at which every seed of a method meets its
+rule, with its run seconds; else "not within the ladder" and the error it plateaus at), and the ladder's
+compile count (XLA programs built over all its fits against those of its first fit: a ladder whose budgets are
+arguments of the compiled programs builds no program after its first fit).
+
+Each model's frame is checkpointed to ``BENCH_CA_DIR`` (default ``build/bench_cost_accuracy/<model>.csv``) and
+reused by a rerun (delete it to measure again). ``BENCH_CA_MODELS``: comma-separated models (default: ppca,
+mppca, bpca, hlcr); ``BENCH_CA_METHODS``: ``model/method`` names to keep (default: every method);
+``BENCH_CA_SAMPLER_CAP``: the most draws per chain a sampler's ladder goes to (default: none; the default
+ladders go to twice the demo's setting).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_MODELS = ("ppca", "mppca", "bpca", "hlcr")
+
+
+def checkpoint_dir() -> Path:
+    return Path(os.environ.get("BENCH_CA_DIR", REPO / "build" / "bench_cost_accuracy"))
+
+
+def ladders(model: str, methods: list[str]) -> dict[str, list[int]]:
+    import zoo
+    from diagnostics.cost_accuracy import default_budgets
+    from inference._methods import get_method
+
+    cap = int(os.environ.get("BENCH_CA_SAMPLER_CAP", "0") or 0)
+    out = {}
+    for m in methods:
+        ladder = default_budgets(model, m)
+        if cap and get_method(zoo.get(model), m).kind == "sampler":
+            ladder = sorted({min(b, cap) for b in ladder})
+        out[m] = ladder
+    return out
+
+
+def run_model(model: str, methods: list[str]) -> pd.DataFrame:
+    from diagnostics.cost_accuracy import cost_accuracy
+
+    path = checkpoint_dir() / f"{model}.csv"
+    if path.is_file():
+        print(f"{model}: reusing {path}", flush=True)
+        return pd.read_csv(path)
+    frame = cost_accuracy(model, None, methods, budgets=ladders(model, methods), log=lambda s: print(s, flush=True))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(path, index=False)
+    return frame
+
+
+def main(h) -> None:
+    import inference
+    from diagnostics.cost_accuracy import time_to_rule
+
+    models = [m.strip() for m in os.environ.get("BENCH_CA_MODELS", ",".join(DEFAULT_MODELS)).split(",") if m.strip()]
+    keep = {m.strip() for m in os.environ.get("BENCH_CA_METHODS", "").split(",") if m.strip()}
+    for model in models:
+        methods = [m for m in inference.methods_for(model) if not keep or f"{model}/{m}" in keep]
+        frame = run_model(model, methods)
+        rule = time_to_rule(frame)
+        rows = []
+        for r in rule.itertuples():
+            g = frame[frame["method"] == r.method]
+            ladder = sorted(g["budget"].unique())
+            rows.append({
+                "method": r.method, "kind": r.kind, "unit": r.budget_unit,
+                "ladder": f"{ladder[0]}..{ladder[-1]} ({len(ladder)})", "seeds": g["seed"].nunique(),
+                "meets its rule at": int(r.budget) if r.reached else "not within the ladder",
+                "run s there": f"{r.run_seconds:.3g}" if r.reached else "",
+                "error at the largest budget (ref sd)": f"{r.plateau_error:.3g}",
+                "verdicts at the largest budget": r.verdicts_at_largest,
+                "run s at the largest budget": f"{g.loc[g['budget'] == ladder[-1], 'run_seconds'].mean():.3g}"})
+        h.table(f"{model}: time to reach the rule, every method on its default ladder", rows,
+                note="One process, one run, methods side by side on the stored reference's data (the box was "
+                     "loaded by other tenants: compare the methods with each other, not with other runs). A "
+                     "budget meets the rule when every seed's verdict is PASS; run s: mean over its seeds, compile "
+                     "time apart. Approximations that never meet it stay biased: the error they plateau at is the "
+                     "answer.")
+        crows = []
+        for method, g in frame.groupby("method", sort=False):
+            g = g.sort_values(["budget", "seed"])
+            crows.append({"method": method, "fits": len(g), "XLA programs, first fit": int(g["xla_programs"].iloc[0]),
+                          "XLA programs, whole ladder": int(g["xla_programs"].sum()),
+                          "compile s, first fit": f"{g['compile_seconds'].iloc[0]:.2f}",
+                          "compile s, whole ladder": f"{g['compile_seconds'].sum():.2f}"})
+        h.table(f"{model}: compile count of a ladder", crows,
+                note="XLA programs built during each fit (JAX's backend-compile events: compiled or read from the "
+                     "persistent cache). Budgets that are arguments of the compiled programs add no program after "
+                     "the first fit; compile s counts tracing too.")
