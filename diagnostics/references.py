@@ -2,7 +2,8 @@
 
 A stored reference is one netCDF DataTree in ``zoo/references/<model>__<tag>.nc`` holding a long NUTS run
 **and the exact data arrays it was computed on** (its ``observed_data`` and ``constant_data`` groups),
-plus its validation record (``attrs["validation"]``, ``diagnostics.health.mcmc_health``). Nothing is
+plus its validation record (``attrs["validation"]``, ``diagnostics.health.mcmc_health``), stored compact
+(``compact``: the draws of what is compared, the health rule's statistics, the data, the record). Nothing is
 re-simulated to find it: ``zoo compare``, ``zoo demo``, tests and notebooks fit on the stored arrays
 (``reference_data``), so a reference made on one CPU is found on any other, whatever last bits that
 machine's BLAS/LAPACK would give a re-simulation.
@@ -16,8 +17,8 @@ machine's BLAS/LAPACK would give a re-simulation.
   its record, or refuses (``UnhealthyReference``, naming each failed quantity, why, and what to try); with a
   ``budget`` a run short of the standard only for want of draws is run again longer (``want_of_draws``);
 * ``verify(tree)``: recomputes a stored reference's health from its stored draws and checks its record;
-* ``check_log_density(tree)``: the stored ``log_prior``/``log_likelihood`` double as a model-identity
-  check (a model changed without regenerating its reference fails it).
+* ``check_log_density(tree)``: every site and log p(theta, y) stored at three draws per chain (``check_points``)
+  double as a model-identity check (a model changed without regenerating its reference fails it).
 
 The standard (posteriordb's, made stricter; ``diagnostics.health``): at least 4 chains and 4,000 stored draws;
 rank-normalised R-hat < 1.01 and bulk and tail ESS >= 400 on every compared quantity; no divergence (counted
@@ -60,6 +61,10 @@ REFERENCE_DIR = Path(zoo.__file__).resolve().parent / "references"
 MAX_DRAWS = 4000
 DEFAULT_NUTS = {"num_warmup": 1000, "num_samples": 1000, "num_chains": 4}
 MATCH_RTOL = 1e-12
+CHECK_GROUP = "model_check"     # every site at a few draws per chain and log p(theta, y) there (check_log_density)
+HEALTH_STATS = ("diverging", "divergences_run", "ebfmi_run")   # the sample stats the health rule reads
+STORED_ENCODING = {"zlib": True, "complevel": 9, "shuffle": True}
+STORED_MANTISSA_BITS = 36       # posterior draws rounded to 37 significant bits: relative error <= 2**-37 (7e-12)
 SECOND_SEED_OFFSET = 1
 CROSSCHECK_SEED_OFFSET = 2
 
@@ -151,6 +156,123 @@ def _thin(tree: xr.DataTree, max_draws: int) -> xr.DataTree:
     out["sample_stats"] = xr.DataTree(xr.merge([stats.drop_vars(list(totals.data_vars), errors="ignore"), totals]))
     out["sample_stats"].attrs.update(tree["sample_stats"].attrs)
     out["posterior"].attrs.update(tree["posterior"].attrs)
+    return out
+
+
+def compared_sites(tree: xr.DataTree) -> list[str]:
+    """The posterior variables the compared quantities are computed from (``compared_posterior``): every variable
+    of a model without summaries; for one with summaries, each variable without which the summaries come out
+    different or not at all (bpca's per-row latents ``z``, for instance, enter none of them)."""
+    from diagnostics.view import compared_posterior
+
+    post = tree["posterior"].to_dataset()
+    names = list(map(str, post.data_vars))
+    spec = zoo.get(tree.attrs["model"])
+    if spec.summaries is None:
+        return names
+    full = compared_posterior(tree)
+    needed = []
+    for name in names:
+        trial = tree.copy()
+        trial["posterior"] = xr.DataTree(post.drop_vars(name))
+        try:
+            got = compared_posterior(trial)
+            same = set(got.data_vars) == set(full.data_vars) and all(
+                got[k].shape == full[k].shape and np.array_equal(got[k].values, full[k].values, equal_nan=True)
+                for k in full.data_vars)
+        except Exception:       # noqa: BLE001  (the summaries need it: whatever they raise without it)
+            same = False
+        if not same:
+            needed.append(name)
+    return needed
+
+
+def round_mantissa(values: np.ndarray, bits: int = STORED_MANTISSA_BITS) -> np.ndarray:
+    """float64 ``values`` rounded to ``bits`` explicit mantissa bits (to nearest, ties away from zero; the bit
+    rounding of netCDF-C's ``quantize``, Kloewer et al. 2021): the dropped low bits become zeros, which zlib with
+    byte shuffle stores almost for free. Relative error at most 2**-(bits + 1) for normal numbers; NaN, +-inf and
+    a value that would round beyond the largest float unchanged; rounding twice is rounding once."""
+    a = np.ascontiguousarray(values, dtype=np.float64)
+    if not 0 < bits < 52:
+        raise ValueError(f"bits: expected 1..51 mantissa bits to keep, got {bits!r}")
+    drop = np.uint64(52 - bits)
+    raw = a.view(np.uint64)
+    rounded = ((raw + (np.uint64(1) << (drop - np.uint64(1)))) >> drop << drop).view(np.float64)
+    return np.where(np.isfinite(rounded), rounded, a)
+
+
+def check_draws(n_draw: int) -> list[int]:
+    """The draws of each chain kept for the model-identity check: the first, the middle and the last."""
+    return sorted({0, n_draw // 2, n_draw - 1})
+
+
+def check_points(tree: xr.DataTree) -> tuple[xr.Dataset, xr.DataArray]:
+    """(every sampled site at the model-check draws, dims (chain, draw, ...) with the draws' positions in the run
+    as the ``draw`` coordinate; log p(theta, y) there, (chain, draw)): from the ``CHECK_GROUP`` group of a compact
+    reference, else from the ``posterior``, ``log_prior`` and ``log_likelihood`` groups of a full tree."""
+    if CHECK_GROUP in tree.children:
+        ds = tree[CHECK_GROUP].to_dataset()
+        return ds.drop_vars("log_joint"), ds["log_joint"]
+    post = tree["posterior"].to_dataset()
+    pick = {"draw": check_draws(post.sizes["draw"])}
+    total = 0.0
+    for group in ("log_prior", "log_likelihood"):
+        if group not in tree.children:
+            raise ValueError(f"tree: has neither a {CHECK_GROUP!r} group nor a {group!r} group to check the model "
+                             f"against")
+        for da in tree[group].to_dataset().data_vars.values():
+            total = total + da.isel(pick).sum([d for d in da.dims if d not in ("chain", "draw")])
+    draws = post.isel(pick)
+    log_joint = xr.DataArray(np.asarray(total.transpose("chain", "draw").values, dtype=np.float64),
+                             dims=("chain", "draw"), coords={"chain": draws["chain"].values,
+                                                              "draw": draws["draw"].values})
+    return draws, log_joint
+
+
+def compact(tree: xr.DataTree) -> xr.DataTree:
+    """The stored form of a reference: what the comparison and the health record read, losslessly compressed.
+
+    Kept: the ``compared_sites`` of the posterior with all their draws (float64, rounded to
+    ``STORED_MANTISSA_BITS`` by ``round_mantissa``: a relative change of at most 7e-12, far below any Monte Carlo
+    error, that changes no health figure or verdict and makes the draws compress by a quarter); of
+    ``sample_stats`` the per-draw ``diverging`` flags and the whole run's ``divergences_run``/``ebfmi_run``
+    (``HEALTH_STATS``; ``energy`` too when there is no ``ebfmi_run``); the data groups; every attribute (the
+    validation record). Dropped: the pointwise ``log_likelihood`` and ``log_prior`` at every draw, sites the
+    compared quantities do not read (per-row latents) and the sampler's other statistics; what a caller needs of
+    them is recomputed from the model (``inference.log_densities``). In their place the ``CHECK_GROUP`` group
+    holds every site at ``check_draws`` of each chain and log p(theta, y) there (``check_points``), for the
+    model-identity check ``check_log_density``. Every array is written with zlib level 9 and byte shuffle
+    (``STORED_ENCODING``). A tree that is compact already is returned unchanged in content."""
+    tree = tree.copy(deep=True)     # the encodings set below stay off the caller's arrays
+    if CHECK_GROUP in tree.children:
+        out = tree
+    else:
+        draws, log_joint = check_points(tree)
+        check = draws.assign(log_joint=log_joint)
+        check.attrs = {}
+        keep = compared_sites(tree)
+        out = tree.copy()
+        for group in ("log_prior", "log_likelihood"):
+            if group in out.children:
+                del out[group]
+        post = tree["posterior"].to_dataset()[keep]
+        post = post.copy(data={k: round_mantissa(v.values) if v.dtype == np.float64 else v.values
+                               for k, v in post.data_vars.items()})
+        out["posterior"] = xr.DataTree(post)
+        out["posterior"].attrs.update({**tree["posterior"].attrs, "stored_mantissa_bits": STORED_MANTISSA_BITS})
+        if "sample_stats" in tree.children:
+            stats = tree["sample_stats"].to_dataset()
+            names = [k for k in HEALTH_STATS if k in stats]
+            if "energy" in stats and "ebfmi_run" not in stats:
+                names.append("energy")
+            out["sample_stats"] = xr.DataTree(stats[names])
+            out["sample_stats"].attrs.update(tree["sample_stats"].attrs)
+        out[CHECK_GROUP] = xr.DataTree(check)
+    for node in out.subtree:
+        for var in node.to_dataset(inherit=False).data_vars.values():
+            var.encoding = {}
+        for name in node.data_vars:
+            node[name].encoding = dict(STORED_ENCODING)
     return out
 
 
@@ -447,9 +569,7 @@ def generate(name: str, data: Mapping[str, Any] | None = None, *, tag: str = "de
         raise exc
     main.attrs.update({"reference_tag": tag, "validation": json.dumps(record, default=repr),
                        "reliable": 1})
-    for group in main.children:   # lossless gzip + shuffle: ~20 % smaller files (the draws stay float64)
-        for var in main[group].data_vars:
-            main[group][var].encoding.update({"zlib": True, "complevel": 4, "shuffle": True})
+    main = compact(main)
     save(main, path or reference_path(name, tag))
     for f in work.glob("*.nc") if work.is_dir() else ():
         f.unlink(missing_ok=True)
@@ -620,19 +740,18 @@ def get_or_generate(name: str, data: Mapping[str, Any] | None = None, *, tag: st
     return load(name, data, tag=tag) or generate(name, data, tag=tag, **options)
 
 
-def check_log_density(tree: xr.DataTree, n_points: int = 3, rtol: float = 1e-8) -> float:
-    """Largest relative difference between the stored log prior + log likelihood at the first
-    ``n_points`` draws and the current model's. Raises ``AssertionError`` above ``rtol`` (the model
-    changed without regenerating the reference)."""
+def check_log_density(tree: xr.DataTree, n_points: int | None = None, rtol: float = 1e-8) -> float:
+    """Largest relative difference between the stored log p(theta, y) at the model-check draws (``check_points``:
+    the first, middle and last draw of each chain; ``n_points``: only the first ``n_points`` of them per chain)
+    and the current model's there. Raises ``AssertionError`` above ``rtol`` (the model changed without
+    regenerating the reference)."""
     spec, data, hyper = problem_of(tree)
-    post = tree["posterior"].to_dataset().isel(chain=slice(0, 1), draw=slice(0, n_points))
-    draws = {k: post[k].values for k in post.data_vars}
-    lp, ll = log_densities(spec, spec.inputs(data, hyper), draws)
+    draws, stored = check_points(tree)
+    if n_points is not None:
+        draws, stored = draws.isel(draw=slice(0, n_points)), stored.isel(draw=slice(0, n_points))
+    lp, ll = log_densities(spec, spec.inputs(data, hyper), {k: draws[k].values for k in draws.data_vars})
     new = sum(v.sum(axis=tuple(range(2, v.ndim))) for v in ll.values()) + sum(lp.values())
-    old_ll = tree["log_likelihood"].to_dataset().isel(chain=slice(0, 1), draw=slice(0, n_points))
-    old_lp = tree["log_prior"].to_dataset().isel(chain=slice(0, 1), draw=slice(0, n_points))
-    old = sum(v.values.sum(axis=tuple(range(2, v.ndim))) for v in old_ll.values()) + \
-        sum(v.values for v in old_lp.values())
+    old = stored.transpose("chain", "draw").values
     rel = float(np.max(np.abs(new - old) / np.maximum(1.0, np.abs(old))))
     if rel > rtol:
         raise AssertionError(f"reference {tree.attrs['model']}/{tree.attrs.get('reference_tag')}: stored log "

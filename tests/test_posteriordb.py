@@ -91,7 +91,9 @@ def test_posteriordb_package_reads_our_export_names_draw_counts_means_and_data(s
 
 def _check_model_code(tree: xr.DataTree, root: Path, name: str, draws_at=(0, 500, 999)) -> None:
     """The exported models/numpyro/<model>.py, loaded from the file posteriordb points at, on posteriordb's data
-    dict: its log joint density at stored draws equals the stored log prior + log likelihood (1e-9 relative)."""
+    dict: its log joint density at stored draws (chain 1, draws ``draws_at`` of the reference's model-check points,
+    ``references.check_points``: every site, log p(theta, y) as the fit computed it) equals the stored log prior +
+    log likelihood (1e-9 relative)."""
     from numpyro.infer.util import log_density
 
     post = posteriordb.PosteriorDatabase(str(root)).posterior(name)
@@ -99,13 +101,11 @@ def _check_model_code(tree: xr.DataTree, root: Path, name: str, draws_at=(0, 500
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     data = post.data.values()
-    draws = tree["posterior"].to_dataset()
-    lp, ll = tree["log_prior"].to_dataset(), tree["log_likelihood"].to_dataset()
+    draws, log_joint = references.check_points(tree)
     for d in draws_at:
-        params = {k: draws[k].values[1, d] for k in draws.data_vars}
+        params = {k: draws[k].sel(draw=d).values[1] for k in draws.data_vars}
         value = float(log_density(module.model, (data,), {}, params)[0])
-        stored = sum(float(v.values[1, d].sum()) for v in ll.data_vars.values()) + \
-            sum(float(v.values[1, d]) for v in lp.data_vars.values())
+        stored = float(log_joint.sel(draw=d).values[1])
         assert value == pytest.approx(stored, rel=1e-9), (name, d)
 
 
