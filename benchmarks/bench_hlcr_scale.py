@@ -23,7 +23,8 @@ e.g. ``10000,100000``) runs a subset. Goals on 2 cores: blocked >= 30 sweeps/s a
 collapsed at 1e6; 20 blocked sweeps on 1e7 events within 8 GB.
 
 A second table compares ESS per sweep and per second of both kernels at 1e4 events for noise sd 1, 4 and 8
-(clusters well apart, overlapping a little, overlapping much): the evidence for the README's "which kernel when".
+(clusters well apart, overlapping a little, overlapping much): the evidence for
+"which kernel when" (docs/guide/models.md).
 """
 
 from __future__ import annotations

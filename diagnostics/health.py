@@ -3,7 +3,7 @@
 One rule, used for the stored references (``make references`` refuses to store a run that fails it),
 for a reference a user makes on their own data, and by the scorecard (a reference that fails it judges
 nothing). It is posteriordb's reference standard (``doc/REFERENCE_POSTERIOR_DEFINITION.md``), made
-stricter where posteriordb's is loose (notes/posterior_quality.md section 1.1):
+stricter where posteriordb's is loose:
 
 * at least ``MIN_CHAINS`` (4) chains and ``MIN_DRAWS`` (4000) stored draws;
 * rank-normalised split R-hat (Vehtari et al. 2021) below ``RHAT_MAX`` (1.01), and bulk and tail ESS at

@@ -6,7 +6,7 @@
   groups (which equal NumPyro's ``log_density``, see ``inference.trees``); log q is the method's
   ``sample_stats.log_q``. Reading: k < 0.5 good, 0.5-0.7 usable, > 0.7 the approximation misses
   mass the posterior has and importance sampling cannot repair it.
-  Sign trap (notes/ecosystem.md 1.2, 1.6): ArviZ's ``psislw`` negates its input (it expects a log
+  Sign trap: ArviZ's ``psislw`` negates its input (it expects a log
   likelihood), so it is called on ``-r``; ``pareto_khat(r, log_weights=True)`` would fit the log
   weights themselves and is not used.
 * ``joint_wasserstein``: 1-Wasserstein distance between the two joint sample sets, in
@@ -20,7 +20,7 @@
   direction, large when the method misses reference mass (a too-narrow approximation).
 * ``mmd``: maximum mean discrepancy with a Gaussian kernel (bandwidth: median heuristic on the
   pooled standardised draws), unbiased estimate of MMD^2, reported as sqrt(max(MMD^2, 0)). ArviZ has
-  no MMD (notes/posterior_quality.md 2.2).
+  no MMD.
 * ``final_bound``: the objective at convergence (the tree's ``objective`` attribute, written by every
   optimisation kernel through ``inference.Draws(objective=...)``, else the last finite value of a
   per-iteration ``elbo``/``bound`` trace).

@@ -8,7 +8,7 @@
 * ``plot_sensitivity``: power-scaled posteriors (``arviz_plots.plot_psense_dist``);
 * ``plot_cost_accuracy``: each method's worst mean error against its run seconds over a ladder of budgets.
 
-Shape trap (notes/ecosystem.md 1.5): ArviZ concatenates a dict of trees along a ``model`` dim, and
+Shape trap: ArviZ concatenates a dict of trees along a ``model`` dim, and
 trees of different (chain, draw) sizes are NaN-padded (``plot_forest`` then renders empty). So every
 tree is first reduced to the same shape: the compared quantities (label-invariant summaries for
 mixtures), pooled over chains and subsampled without replacement to the smallest draw count, as one

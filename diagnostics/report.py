@@ -352,7 +352,7 @@ def hyperparameter_table(spec: zoo.ModelSpec, trees: Mapping[str, xr.DataTree]) 
 
 def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir: str | os.PathLike, *,
            reference: str | None = None, sbc_results: Sequence = (), var_names: Sequence[str] | None = None,
-           sensitivity_of: str | None = None, data_note: str | None = None, index_link: str = "../index.html",
+           sensitivity_of: str | None = None, data_note: str | None = None, index_link: str | None = None,
            ladder: pd.DataFrame | None = None) -> Path:
     """Write ``out_dir/report.html`` (+ PNGs, ``scorecard.csv``, ``methods.csv``, ``summary.json``)
     comparing every tree with the reference, and return the page's path.
@@ -369,7 +369,10 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
     var_names:    restrict the comparison to these posterior variables.
     sensitivity_of: the key whose fit gets the power-scaling check (default: the reference).
     data_note:    a line on the data the trees were fitted on, shown under the title (e.g. a real dataset).
-    index_link:   the index page, relative to ``out_dir``.
+    index_link:   the index page, relative to ``out_dir`` (``zoo compare`` and ``zoo demo``: ``../index.html``).
+                  None (default): the page links no index. Given, the page links it and (re)writes it
+                  (``report_index``) over every model page in its folder, so the link always resolves: after
+                  ``zoo compare`` of one model too, whose pages the index then lists.
     ladder:       a ``diagnostics.cost_accuracy`` frame of the same model and data: adds the section "Accuracy
                   against compute" (``cost_accuracy_section``) and writes it to ``cost_accuracy.csv``.
     """
@@ -560,12 +563,17 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
             + (f"<p class='muted'>Paper: {_esc(spec.paper)}</p>" if spec.paper and spec.description else "")
             + f"<p class='muted'>Methods: {_esc(', '.join(ordered))}. Generated {stamp}. "
             + _esc(", ".join(f"{k} {v}" for k, v in versions.items() if k in ("numpyro", "jax", "arviz")))
-            + f"</p><p class='muted'><a href='{_esc(index_link)}'>&larr; all models</a></p>"
+            + "</p>"
+            + (f"<p class='muted'><a href='{_esc(index_link)}'>&larr; all models</a></p>" if index_link else "")
             + f"<nav>{nav}</nav>")
     body = "".join(f"<section id='{sid}'><h2>{_esc(title)}</h2>{content}</section>" for sid, title, content in sections)
     page = out_dir / PAGE
     _write(page, _html(f"bayes-zoo: {spec.name}", head + body))
     _write(out_dir / SUMMARY, json.dumps(summary, indent=1, default=_json_default))
+    if index_link:
+        index = Path(os.path.normpath(out_dir / index_link))
+        if index.name == "index.html":
+            report_index(pages_under(index.parent), index.parent)
     return page
 
 
@@ -608,6 +616,24 @@ def cost_accuracy_section(frame: pd.DataFrame, out_dir: Path) -> tuple[str, list
             + _table(table, text_cols=("kind", "meets its rule at", "verdicts at the largest budget"))
             + f"<p class='muted'>Every fit: <a href='{CSV}'>{CSV}</a>.</p>")
     return body, rule.to_dict("records")
+
+
+def pages_under(root: str | os.PathLike) -> dict[str, Path]:
+    """Every model page below ``root`` with its summary (``<model>/report.html`` and a section's
+    ``<model>/<section>/report.html``), named as ``zoo demo``'s index names them ("hlcr", "hlcr / real data:
+    dietox"), models in name order, each followed by its sections."""
+    root = Path(root)
+    pages = {}
+    for page in sorted(root.glob(f"*/{PAGE}")) + sorted(root.glob(f"*/*/{PAGE}")):
+        if not (page.parent / SUMMARY).is_file():
+            continue
+        model, section = (page.parent.name, None) if page.parent.parent == root else \
+            (page.parent.parent.name, page.parent.name)
+        name = model if section is None else \
+            f"{model} / real data: {section.removeprefix('real_')}" if section.startswith("real_") else \
+            f"{model} / {section}"
+        pages[name] = page
+    return dict(sorted(pages.items(), key=lambda item: item[0].split(" / ")[0]))
 
 
 def sensitivity_section(tree, label: str, out_dir: Path, *, var_names: Sequence[str] | None = None,
@@ -701,7 +727,7 @@ def _html(title: str, body: str) -> str:
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")   # per process: the demo's workers write one index
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 

@@ -10,7 +10,7 @@ derivative in log2(alpha). ArviZ's ``psense_summary`` does this and reads the pa
 * prior > 0.05 > likelihood: "potential strong prior / weak likelihood";
 * otherwise "✓".
 
-What ArviZ drops and this module adds (notes/posterior_quality.md sec. 3):
+What ArviZ drops and this module adds:
 
 * the Pareto k-hat of the power-scaling importance weights. ArviZ smooths the weights but discards
   k-hat (``_power_scale_lw`` throws away the second output of ``_ps_tail``). Above 0.7 the weights are

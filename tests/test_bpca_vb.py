@@ -1,5 +1,5 @@
 """BPCA: centralised mean-field VB (``vbem``) and D-MFVI (``badmm``) against the notes' acceptance tests
-(shared/notes/004_dmfvi_badmm.md section 6; "P:" = the notes' prototype figure).
+(docs/papers/dmfvi.md section 6; "P:" = the notes' prototype figure).
 
 The LR20 problem (notes section 6): D = 20, M = 3, N = 200, column scales (3, 2, 1), sigma = 0.5, tau = 4 fixed,
 alpha = 1, theta = 0.01, the same initial W on every node. ELBO_D, the distributed solution's ELBO, is the

@@ -159,6 +159,24 @@ def test_without_a_reference_nothing_is_judged(trees, tmp_path):
     page = Page(page_path.read_text())
     assert "nothing is judged" in page.words or "no method is judged" in page.words
     assert (tmp_path / "alone" / "marginals.png").is_file()
+    assert "all models" not in page.words and not [link for link in page.links if "index" in link]  # none written
+
+
+def test_a_compared_models_page_links_an_index_that_exists_and_lists_it(trees, tmp_path):
+    """`zoo compare` writes one model's page (and a section's, one folder deeper): its "all models" link resolves
+    to an index that lists every page in the folder, written with the page (`zoo demo` rewrites it at the end)."""
+    from diagnostics.compare import write_comparison
+
+    chosen = {k: trees[k] for k in ("reference (exact)", "meanfield")}
+    page_path = write_comparison("dq_linreg", chosen, tmp_path, log=lambda _: None)
+    section_path = write_comparison("dq_linreg", chosen, tmp_path, section="real_toy", log=lambda _: None)
+    for path, link in ((page_path, "../index.html"), (section_path, "../../index.html")):
+        links = [href for href in Page(path.read_text()).links if href.endswith("index.html")]
+        assert links == [link]
+        assert (path.parent / link).resolve() == (tmp_path / "index.html").resolve()
+    index = check_page(tmp_path / "index.html")
+    assert {"dq_linreg/report.html", "dq_linreg/real_toy/report.html"} <= set(index.links)
+    assert "dq_linreg / real data: toy" in index.words
 
 
 def test_zoo_compare_and_demo_write_parsable_reports(tmp_path):

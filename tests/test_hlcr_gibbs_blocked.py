@@ -143,7 +143,8 @@ def test_blocked_gibbs_recovers_true_labels_at_2000_agents(seed):
     gives < 0.9).
     (Not from all labels 0 at this size: there the first psi draw gives the empty clusters psi_k ~ 1/1400,
     theta_ik ~ Gamma(beta psi_k) underflows, and a pair opens an empty cluster only if a prior draw of w_k
-    beats the pooled fit by ~700 nats: seed 1 stays at ARI 0.63 for 200 sweeps; README "which kernel when".)"""
+    beats the pooled fit by ~700 nats: seed 1 stays at ARI 0.63 for 200 sweeps; docs/guide/models.md, "which kernel
+    when".)"""
     a, werr, E = _recovery(seed, 2000, 50)
     assert E > 18_000
     assert a >= 0.999, a

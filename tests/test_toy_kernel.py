@@ -1,6 +1,6 @@
-"""The README recipe followed for real: a new kernel (``tests/toy_kernel.py``) and this test are the only two
-files it takes; the registry finds the method, ``fit`` runs it through the shared loop, and the contract
-test's checks apply unchanged."""
+"""The recipe of docs/guide/adding_a_model.md followed for real: a new kernel (``tests/toy_kernel.py``) and
+this test are the only two files it takes; the registry finds the method, ``fit`` runs it through the shared
+loop, and the contract test's checks apply unchanged."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A toy kernel added by following the README recipe ("Adding a model / adding a kernel") to the letter.
+"""A toy kernel added by following the recipe of docs/guide/adding_a_model.md to the letter.
 
 The model: y_i ~ N(mu, 1/lam), mu | lam ~ N(m0, 1/(k0 lam)), lam ~ Gamma(a0, b0) (Bishop 2006, §10.1.3).
 The kernel: mean-field CAVI, q(mu, lam) = N(mu | m_N, 1/s_N) Gamma(lam | a_N, b_N), with the updates of

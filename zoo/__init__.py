@@ -12,6 +12,27 @@ asks for the GPU; see ``zoo/_runtime.py``). The names are loaded lazily
 
 import importlib
 
+
+def _version() -> str:
+    """The installed distribution's version (one source: ``pyproject.toml``'s ``version``); from a source tree
+    that was never installed, the ``version`` line of the ``pyproject.toml`` beside it."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("bayes-zoo")
+    except metadata.PackageNotFoundError:
+        import pathlib
+        import tomllib
+
+        try:
+            with open(pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
+                return str(tomllib.load(f)["project"]["version"])
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "0+unknown"
+
+
+__version__ = _version()
+
 _EXPORTS = {
     "DataField": "zoo._registry", "Hyper": "zoo._registry", "ModelSpec": "zoo._registry",
     "Reformulation": "zoo._registry", "RealDataset": "zoo._registry",
@@ -19,7 +40,7 @@ _EXPORTS = {
     "unregister": "zoo._registry", "validate_data": "zoo._validation", "validate_hyper": "zoo._validation",
     "set_device": "zoo._runtime", "current_device": "zoo._runtime",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "__version__"])
 
 
 def __getattr__(name: str):

@@ -10,7 +10,8 @@
   test suite set it to ``.jax_cache/`` in the repository; the CLI uses ``~/.cache/bayes-zoo/jax``).
 
 ``import numpyro`` happens before anything imports ArviZ: ``arviz.from_numpyro`` otherwise crashes
-(notes/ecosystem.md, section 1.9).
+(``arviz_base`` loads numpyro lazily; with ArviZ first, ``numpyro.infer.initialization`` is
+missing and ``from_numpyro`` raises an AttributeError).
 """
 
 from __future__ import annotations

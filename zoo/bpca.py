@@ -1,6 +1,6 @@
 """Bayesian PCA (BPCA) with missing entries: the model of D-MFVI (Babagholami-Mohamadabadi, Yoon & Pavlovic,
 "D-MFVI: Distributed Mean Field Variational Inference using Bregman ADMM", arXiv 1507.00824, sec. 3 and
-appendix B; engineering notes ``shared/notes/004_dmfvi_badmm.md``).
+appendix B; paper page ``docs/papers/dmfvi.md``).
 
 Generative story (notes §2.1, per-column ARD form of appendix B; erratum E10)::
 
@@ -475,7 +475,7 @@ def reference_datasets():
 SPEC = register(ModelSpec(
     name="bpca",
     paper="Babagholami-Mohamadabadi, Yoon & Pavlovic, D-MFVI: Distributed Mean Field Variational Inference "
-          "using Bregman ADMM (arXiv 1507.00824; AAAI 2016); corrected per shared/notes/004_dmfvi_badmm.md",
+          "using Bregman ADMM (arXiv 1507.00824; AAAI 2016); errata: docs/papers/dmfvi.md",
     description="Bayesian PCA with missing entries: y_n ~ N(W z_n + mu, tau^-1 I) on the observed entries, "
                 "z_n ~ N(0, I_M), ARD prior w_dm ~ N(0, 1/alpha_m), mu ~ N(0, 1/theta), tau ~ Gamma (learned "
                 "unless fixed). Distributed over a graph of nodes by D-MFVI (B-ADMM consensus on the "

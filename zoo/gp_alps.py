@@ -1,6 +1,6 @@
 """GP-ALPS: a multi-output GP linear mixing model whose latent processes carry binary switches
 (P. Berkovich, E. Perim, W. Bruinsma, "GP-ALPS: Automatic Latent Process Selection for Multi-Output
-Gaussian Process Models", AABI 2019; engineering notes ``shared/notes/003_gp_alps.md``, cited as
+Gaussian Process Models", AABI 2019; paper page ``docs/papers/gp_alps.md``, cited as
 "notes §x" below).
 
 Generative story (paper eq. 2, notes §2.2), p outputs observed at n shared inputs t, m latent GPs::
@@ -452,7 +452,7 @@ def coords(data, hyper):
 
 
 PAPER = ("P. Berkovich, E. Perim, W. Bruinsma, GP-ALPS: Automatic Latent Process Selection for Multi-Output "
-         "Gaussian Process Models (AABI 2019); corrected per shared/notes/003_gp_alps.md")
+         "Gaussian Process Models (AABI 2019); errata: docs/papers/gp_alps.md")
 
 HYPER = {
     "kernels": Hyper("square_wave", "any", "latent kernels: a preset ('square_wave', 'periodic_mixture', "

@@ -1,5 +1,5 @@
 """HLCR: hierarchical latent class regression (Yang, Carette, Jimbo & Maruyama, "Federated Latent Class
-Regression for Hierarchical Data"; engineering notes ``shared/notes/000_fedhlcr.md``).
+Regression for Hierarchical Data"; paper page ``docs/papers/hlcr.md``).
 
 Agent -> entity -> event data. Every (agent, entity) *pair* e has one cluster label z_e; all events of
 the pair are a linear regression with that cluster's weights::
@@ -417,7 +417,7 @@ def reference_datasets():
 SPEC = register(ModelSpec(
     name="hlcr",
     paper="Yang, Carette, Jimbo & Maruyama, Federated Latent Class Regression for Hierarchical Data "
-          "(HLCR/FedHLCR); corrected per shared/notes/000_fedhlcr.md",
+          "(HLCR/FedHLCR); errata: docs/papers/hlcr.md",
     description="Mixture of K Bayesian linear regressions for agent -> entity -> event data: every "
                 "(agent, entity) pair has one cluster label with an LDA-style hierarchical prior "
                 "(psi ~ Dir(alpha/K), theta_i ~ Dir(beta psi), z ~ Cat(theta_i)); w_k ~ N(0, delta^2 I), "

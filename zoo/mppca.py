@@ -1,6 +1,6 @@
 """Bayesian mixtures of probabilistic PCA (Bruneau, Gelgon & Picarougne, "A low-cost variational-Bayes
 technique for merging mixtures of probabilistic principal component analyzers", Information Fusion 14
-(2013) 268-280; engineering notes ``shared/notes/001_vbmppca.md``, cited N<section>).
+(2013) 268-280; paper page ``docs/papers/mppca.md``, cited N<section>).
 
 Generative story (N2.4, paper eqs. 24-28; k = 1..K components, j = 1..q loading columns)::
 
@@ -347,8 +347,8 @@ def _hypers(mixture: bool):
 
 
 PAPER = ("Bruneau, Gelgon & Picarougne, A low-cost variational-Bayes technique for merging mixtures of "
-         "probabilistic principal component analyzers, Information Fusion 14 (2013) 268-280; corrected per "
-         "shared/notes/001_vbmppca.md")
+         "probabilistic principal component analyzers, Information Fusion 14 (2013) 268-280; errata: "
+         "docs/papers/mppca.md")
 NUTS_PRIORS = {"alpha0": 1.0, "a0": 1.0, "b0": 1.0, "nu0": 0.01, "tau_fixed": 1.0}   # notes T11 (no funnels)
 
 T11_NUTS = {"num_warmup": 1000, "num_samples": 2000, "num_chains": 4, "K": 2, "q": 1, **NUTS_PRIORS,

@@ -1,7 +1,7 @@
 """Sparse-spectrum GP with random effects: Gaussian, logistic and probit models (D. Lim, "Incorporating
 random effect into GP sparse approximation", 2016, extending Tan, Ong, Nott & Jasra, "Variational inference
-for sparse spectrum Gaussian process regression", Statistics and Computing 2016; engineering notes
-``shared/notes/002_gp_random_effects.md``, cited as "notes §x" below).
+for sparse spectrum Gaussian process regression", Statistics and Computing 2016; paper page
+``docs/papers/ssgp.md``, whose errata and equations "notes §x" below cite).
 
 Generative story (notes §2.1-§2.6). Inputs are rescaled column-wise to [0, 1] with the training data's
 minimum and range (``input_scaling``); ``S`` holds m spectral points s_r ~ N(0, I_d), drawn once from
@@ -627,8 +627,8 @@ HYPER_COMMON = {
 DIMS = {"lam": ["input"], "alpha_raw": ["basis"], "b_raw": ["group", "re_term"], "tau": ["re_term"],
         "beta": ["A_col"], "y": ["obs"]}
 PAPER = ("D. Lim, Incorporating random effect into GP sparse approximation (2016), on Tan, Ong, Nott & Jasra, "
-         "Variational inference for sparse spectrum GP regression (Stat. Comput. 2016); corrected per "
-         "shared/notes/002_gp_random_effects.md")
+         "Variational inference for sparse spectrum GP regression (Stat. Comput. 2016); errata: "
+         "docs/papers/ssgp.md")
 
 
 def _fields(binary):

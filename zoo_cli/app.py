@@ -19,6 +19,21 @@ app = typer.Typer(
 DEFAULT_CACHE = Path.home() / ".cache" / "bayes-zoo" / "jax"
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from zoo import __version__
+
+        typer.echo(f"bayes-zoo {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True, help="Print the version and exit.")] = False) -> None:
+    """bayes-zoo: five papers' models, hand-written inference kernels beside NUTS/SVI, and diagnostics that
+    compare every posterior with MCMC."""
+
+
 def _setup(device: str | None = None) -> None:
     """Import the packages (configures JAX), turn on the persistent compilation cache, and select ``device``
     (``--device``; None: ``$BAYES_ZOO_DEVICE``, else the CPU) before JAX computes anything."""
@@ -90,7 +105,7 @@ ColumnOption = Annotated[list[str] | None, typer.Option(
 DeviceOption = Annotated[str | None, typer.Option(
     "--device", help="cpu or gpu: where JAX computes (default: $BAYES_ZOO_DEVICE, else cpu; JAX picks it once per "
                      "process). The CPU is the default: zoo-sized fits are latency-bound and ran faster on 2 CPU "
-                     "cores than on an H100 (README, Devices). gpu needs CUDA JAX (pip install -U "
+                     "cores than on an H100 (docs/guide/cli_details.md, Devices). gpu needs CUDA JAX (pip install -U "
                      "'jax[cuda13]'); asking for it where JAX finds no GPU is an error saying what was found.",
     metavar="cpu|gpu")]
 DropnaOption = Annotated[bool, typer.Option(

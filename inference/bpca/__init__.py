@@ -1,5 +1,5 @@
 """Bayesian PCA by mean-field VI, centralised and distributed (paper 5: D-MFVI with Bregman ADMM, arXiv
-1507.00824; notes ``shared/notes/004_dmfvi_badmm.md``). One algorithm per module:
+1507.00824; paper page ``docs/papers/dmfvi.md``). One algorithm per module:
 
 * ``common``: the data shards, the family q, its moments, the closed-form ELBO and ``draw`` (shared by all);
 * ``sweep``: one coordinate-ascent sweep at a node, with a consensus penalty (the step of both VB methods);

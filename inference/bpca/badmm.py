@@ -1,5 +1,5 @@
 """Distributed mean-field VI for Bayesian PCA (D-MFVI, ``badmm``): consensus (Bregman) ADMM on the variational
-parameters of the global factors over a graph of nodes; notes ``shared/notes/004_dmfvi_badmm.md`` (N = notes
+parameters of the global factors over a graph of nodes; paper page ``docs/papers/dmfvi.md`` (N = notes
 section) N3.4-3.8, paper arXiv 1507.00824 (the family, the sweep and the ELBO: ``inference.bpca.common`` and
 ``inference.bpca.sweep``).
 

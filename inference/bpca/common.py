@@ -1,6 +1,6 @@
 """Bayesian PCA, mean-field family: the pieces shared by ``vbem``, ``badmm`` and ``dppca`` (data shards, q and its
 moments, the sweep's closed-form pieces, the closed-form ELBO, draws from q); notes
-``shared/notes/004_dmfvi_badmm.md`` (N = notes section), paper arXiv 1507.00824.
+``docs/papers/dmfvi.md`` (N = notes section), paper arXiv 1507.00824.
 
 Variational family (N2.1, paper eq. 14): q(W) = prod_{d,m} N(m^w_dm, v^w_dm) (per entry), q(mu) = prod_d
 N(m^mu_d, v^mu_d), q(z_n) = N(m^z_n, Sigma^z_n) (full M x M), and, when learned, q(tau) = Gamma(shape, rate),

@@ -1,5 +1,5 @@
 """D-PPCA (method ``dppca``): distributed maximum-likelihood probabilistic PCA by consensus ADMM (Yoon & Pavlovic,
-NIPS 2012), the baseline of the D-MFVI paper; notes ``shared/notes/004_dmfvi_badmm.md`` section 3.7
+NIPS 2012), the baseline of the D-MFVI paper; paper page ``docs/papers/dmfvi.md`` section 3.7
 (missing-data version of ``dppca_m*``: EM with per-row masks).
 
 Node i holds point estimates (W_i, mu_i, tau_i) (tau a precision) under Forero-simplified consensus ADMM with

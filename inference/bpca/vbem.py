@@ -1,5 +1,5 @@
 """Centralised mean-field VI (VB-EM) for Bayesian PCA: the sweep of ``inference.bpca.sweep`` with no neighbours and
-c = 1, every sweep a step of the one loop (notes ``shared/notes/004_dmfvi_badmm.md`` N3.1).
+c = 1, every sweep a step of the one loop (paper page ``docs/papers/dmfvi.md`` N3.1).
 
 Kernel: ``State`` = ``VBState`` (q and the ELBO after the sweep), ``Info.objective`` = the closed-form ELBO
 (``inference.bpca.common``; monotone, test 1), ``problem`` = the data ``Shard``; ``init``/``step`` are built once

@@ -1,4 +1,4 @@
-"""GP-ALPS (paper 4, notes ``shared/notes/003_gp_alps.md``): multi-output GP linear mixing with switches.
+"""GP-ALPS (paper 4, paper page ``docs/papers/gp_alps.md``): multi-output GP linear mixing with switches.
 
 One algorithm per module:
 

@@ -1,4 +1,4 @@
-"""Shared pieces of the GP-ALPS kernels (notes ``shared/notes/003_gp_alps.md``): the problem arrays
+"""Shared pieces of the GP-ALPS kernels (paper page ``docs/papers/gp_alps.md``): the problem arrays
 every kernel needs (weight-space factors and their eigendecompositions), the corrected switch
 conditional (erratum E3), the paper's wrong one (kept only to document E3 in tests), and the exact
 switch posterior on orthogonal designs (notes §2.4), the test oracle of the square-wave case.

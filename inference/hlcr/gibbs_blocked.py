@@ -33,7 +33,7 @@ joint posterior p(z, w, theta, psi | y) invariant; it targets exactly the collap
 which is unbounded at the simplex boundary (``zoo.hlcr.summaries``).
 
 Cost per sweep O(E K F^2 + K F^3 + N K) after one O(events F^2) pass, memory O(E F^2) for the statistics.
-When to prefer which kernel (``benchmarks/bench_hlcr_scale.py``, README "which kernel when"): a blocked sweep is
+When to prefer which kernel (``benchmarks/bench_hlcr_scale.py``; docs/guide/models.md): a blocked sweep is
 a handful of dense array operations, so it is several times cheaper than a collapsed one from a few hundred
 pairs on; but with w and theta held fixed while the labels move it mixes worse per sweep, and it burns in
 much more slowly: a label can move to a cluster only where theta_ik is not negligible, and theta_ik ~

@@ -1,5 +1,5 @@
 """Variational Bayes for mixtures of probabilistic PCA and VB merging of fitted mixtures (Bruneau, Gelgon &
-Picarougne, Information Fusion 2013; notes ``shared/notes/001_vbmppca.md``), one algorithm per module:
+Picarougne, Information Fusion 2013; paper page ``docs/papers/mppca.md``), one algorithm per module:
 
 * ``common``: configuration, variational state, M step (eq. 55), parameter part of the bound, post-processing
   (pruning, eq.-5 rotation, Algorithm 1, plug-in mixture density);

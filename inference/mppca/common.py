@@ -1,5 +1,5 @@
 """What VB-EM, ML-EM and VB merging for the Bayesian mixture of PPCA share (Bruneau, Gelgon & Picarougne 2013,
-sec. 4.3 and appendix A; engineering notes ``shared/notes/001_vbmppca.md``, N<section>): the static
+sec. 4.3 and appendix A; paper page ``docs/papers/mppca.md``, N<section>): the static
 configuration, the variational state, the parameter-factor updates of the M step (eq. 55), the parameter part of
 the bound F (N3.3), and the post-processing (pruning, eq.-5 rotation, Algorithm 1, plug-in mixture density).
 

@@ -1,4 +1,4 @@
-"""Maximum-likelihood EM for (M)PPCA (Tipping & Bishop 1999; notes ``shared/notes/001_vbmppca.md`` 3.1-3.2,
+"""Maximum-likelihood EM for (M)PPCA (Tipping & Bishop 1999; paper page ``docs/papers/mppca.md`` 3.1-3.2,
 errata E1-E2), the paper's baseline, as a kernel run by ``inference.loop``.
 
 One step (``em_step``), with responsibilities r_nk of pi_k N(y_n | mu_k, C_k), C_k = W_k W_k^T + sig2 I:

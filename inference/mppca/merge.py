@@ -1,5 +1,5 @@
 """VB merging of fitted MPPCA models from their parameters only (Bruneau, Gelgon & Picarougne 2013, sec. 5,
-appendix B: VBMPPCA-A; notes ``shared/notes/001_vbmppca.md`` N2.5, N3.4, N3.5).
+appendix B: VBMPPCA-A; paper page ``docs/papers/mppca.md`` N2.5, N3.4, N3.5).
 
 The L input components (pooled from several models) are a "virtual sample": input l stands for w_l points
 (w_l = N_virtual alpha_l / sum alpha, N_virtual = 200000 as in VBmix) that share one assignment z_l. The output

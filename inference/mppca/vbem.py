@@ -1,5 +1,5 @@
 """VB-EM for the Bayesian mixture of PPCA (VBMPPCA, Bruneau, Gelgon & Picarougne 2013, sec. 4.3 and appendix
-A), vectorised over components, as a kernel run by ``inference.loop``; notes ``shared/notes/001_vbmppca.md``
+A), vectorised over components, as a kernel run by ``inference.loop``; paper page ``docs/papers/mppca.md``
 (N<section>). The family, the M step and the bound are in ``inference.mppca.common``.
 
 One sweep (``sweep``, the kernel's ``step``; order alpha, (X, Z), statistics, mu, Lambda, nu, tau; each step is an

@@ -2,7 +2,7 @@
 variational Bayes: one coordinate-ascent engine for the three likelihoods.
 
 Source: D. Lim (2016) on Tan, Ong, Nott & Jasra (Stat. Comput. 2016); every equation, definition and erratum is
-from ``shared/notes/002_gp_random_effects.md`` ("notes §x", "E<k>").
+from ``docs/papers/ssgp.md`` ("notes §x", "E<k>").
 
 * ``hfunction``: the H function of the half-Cauchy scale factors (notes §3.5): normalisers, moments, draws.
 * ``problem``: the static ``Config`` and the arrays ``Data`` (the kernel's problem) from the model's inputs.
