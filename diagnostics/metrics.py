@@ -14,7 +14,7 @@
   sized, equally weighted sample sets the optimal transport plan is a permutation, so the distance
   is an assignment problem (``scipy.optimize.linear_sum_assignment``); this is the same number
   ``arviz_stats.wasserstein`` (``scipy.stats.wasserstein_distance_nd``, a linear program) returns,
-  about 100x faster at 500 draws (checked in tests/test_diagnostics_metrics.py).
+  faster by a wide margin (``benchmarks/results.md``, diagnostics).
 * ``joint_kl``: KL(reference || method) by ArviZ's 1-nearest-neighbour estimator
   (``arviz_stats.kl_divergence``, Perez-Cruz 2008) on the standardised draws. It is the inclusive
   direction, large when the method misses reference mass (a too-narrow approximation).

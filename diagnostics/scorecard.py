@@ -29,9 +29,8 @@ The verdict (``method_scores``), one of four:
   grows with the draws, and R-hat^2 - 1, the between-chain over the within-chain variance of a stationary
   run, shrinks as 1 / draws; the margin 1.25 covers the noise of the ESS estimate itself). The rule is
   stricter than "ESS >= 400" suggests: with 2 chains, R-hat < 1.01 on *every one* of 30-50 quantities holds
-  reliably only from ESS ~1300 per quantity. Simulated on exact AR(1) chains (30 runs x 50 quantities): at ESS
-  ~670, 40 % of runs have some R-hat >= 1.01; at ESS ~1330 (2 x 2000, phi 0.5), none (4 x 1000: 7 %). The
-  demo's exact samplers are therefore run to ESS ~1000 or more where affordable (``demo_options``).
+  reliably only from ESS ~1300 per quantity (simulated on exact AR(1) chains: ``benchmarks/results.md``,
+  verdict_rules), so the demo's exact samplers run to ESS ~1000 or more where affordable (``demo_options``).
 * **FAIL**: the posterior disagrees with the reference, or some compared quantity of the reference is
   missing from it. Each reason names the quantity, the number and the rule.
 * **PASS**: every compared quantity of the reference was compared and meets its rule.
@@ -60,13 +59,13 @@ declares bounded (``ModelSpec.bounded``; 0.01 for a probability), else float noi
 A probability pinned near 0 or 1 (a co-clustering of 0.999, a switch inclusion probability with reference
 sd 4e-9) is governed by rare draws: k excursions of depth c in N draws move its mean by k c / N (at most
 0.0025 for 5 draws of depth 1 in 2000) but its sd by c sqrt(k / N) (0.05), so its sd ratio is a tail
-statistic (hlcr gibbs: coclust[3] sd ratio 2.87 from 5 of 2000 draws) and the ESS of its rare events is not
+statistic (an example in ``benchmarks/results.md``, verdict_rules) and the ESS of its rare events is not
 estimable. A difference of 1 percentage point in a probability is below any practical relevance, above that
 rare-draw effect on the mean, and still catches a real shift (0.999 -> 0.95) or a real spread. The same
 quantities (reference sd below the floor) are left out of the NOT CONVERGED check: R-hat and ESS of
 numerical noise around a constant mean nothing; their values are still compared with the floor.
 
-**Why the error rates can meet 19/20 on both sides** (issue 16, point 4).
+**Why the error rates can meet 19/20 on both sides** (measured: ``benchmarks/results.md``, verdicts).
 
 * False alarms. Under the null (an exact sampler, converged) each z is approximately standard normal, so
   Bonferroni bounds the probability of any failure by FWER = 0.01 per run, and less when the tests are
@@ -116,7 +115,7 @@ FWER = 0.01  # family-wise false-alarm probability of one sampler's tests (modul
 MEAN_TOL = 0.2  # reference sd (approximations)
 SD_RATIO_RANGE = (0.8, 1.25)  # approximations
 KHAT_MAX = 0.7
-CONVERGED_RHAT = 1.01  # a candidate sampler's own chains (the demo rule of issue 16)
+CONVERGED_RHAT = 1.01  # a candidate sampler's own chains (the demo rule)
 CONVERGED_ESS = 400
 RUN_MARGIN = 1.25  # "run longer" aims at 1.25 x the needed ESS: the ESS estimate itself is ~10-20 % noisy
 POWER_Z = 1.645  # one-sided 95 %: detectable_shift = (z_crit + POWER_Z) x worst mcse_mean_sd

