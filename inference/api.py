@@ -27,6 +27,7 @@ import xarray as xr
 import zoo
 from inference._methods import Draws, FitContext, Method, get_method, resolve_options
 from inference._timing import Stopwatch
+from inference.limits import check_memory, check_steps
 from inference.trees import build_tree, non_finite_as_error
 from zoo._frames import FrameData, from_frame, with_columns
 from zoo._runtime import DEVICE_ENV, current_device, requested_device, set_device
@@ -59,7 +60,14 @@ def resolve(model: str | zoo.ModelSpec, method: str, options: Mapping[str, Any]
     check_option_names(spec, meth, options)
     hyper = validate_hyper(spec, {k: v for k, v in options.items() if k in spec.hyperparameters})
     opts = resolve_options(spec, meth, {k: v for k, v in options.items() if k not in spec.hyperparameters})
+    check_steps(opts, defaults(spec, meth))
     return spec, meth, hyper, opts
+
+
+def defaults(spec: zoo.ModelSpec, method: Method) -> dict[str, Any]:
+    """The default of every hyperparameter of ``spec`` and every option of ``method`` (the model's per-method
+    overrides included): what ``inference.limits`` sets a value back to when it names the one to lower."""
+    return {**spec.default_hyper, **method.options, **spec.method_options.get(method.name, {})}
 
 
 def read_data(spec: zoo.ModelSpec, data: Any, columns: Mapping[str, Any] | None = None, dropna: bool = False
@@ -80,7 +88,9 @@ def prepare(model: str | zoo.ModelSpec, data: Any, method: str, *, seed: int,
             columns: Mapping[str, Any] | None = None, dropna: bool = False, device: str | None = None,
             **options: Any) -> Prepared:
     """Validate a fit (arguments as for ``fit``) before anything compiles; ``ValueError`` on the first bad
-    argument, named (for a DataFrame, with the column a bad field was read from)."""
+    argument, named (for a DataFrame, with the column a bad field was read from). Last, the fit's size: its
+    sequential steps and its memory estimate against their limits (``inference.limits``), the model traced
+    abstractly to count its latent values (nothing computed or compiled)."""
     select_device(device)  # first: JAX picks its platform at its first computation
     get_method(zoo.get(model), method)  # the checks in fit's order: model, method, seed, hyper, options, data
     seed = check_seed(seed)
@@ -90,6 +100,7 @@ def prepare(model: str | zoo.ModelSpec, data: Any, method: str, *, seed: int,
         with_columns(lambda: spec.check(table.data, hyper), table.columns)
     if opts.get("z_init") is not None and {"agent", "entity"} <= table.data.keys() and "K" in hyper:
         check_z_init(opts["z_init"], table.data, hyper)
+    check_memory(spec, table.data, hyper, opts, defaults(spec, meth))
     ctx = FitContext(spec=spec, data=table.data, hyper=hyper, options=opts, key=key_of(seed), seed=seed)
     return Prepared(meth, ctx, table.axis_labels, table.provenance if table.columns else {})
 

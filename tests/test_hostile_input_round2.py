@@ -397,3 +397,156 @@ def test_scorecard_and_method_scores_name_the_bad_argument(function, reference, 
 
     with pytest.raises(ValueError, match="^" + re.escape(named) + ": expected"):
         getattr(diagnostics, function)(resolve(reference), resolve(candidates))
+
+
+# --- item 8: no option value alone exhausts memory or runs for hours ------------------------------------------
+
+# The table of issue 33, item 8: (model, method, the one option given, what the message measures). Every other
+# option keeps its default. The limit is pinned to 16 GiB (half of a 32 GiB machine) so the verdict does not hang
+# on the test machine; the smallest estimate below is 121 GiB.
+SIZE_TABLE = [
+    ("ppca", "vbem", {"num_samples": 10**9}, "memory"),
+    ("hlcr", "gibbs", {"num_samples": 10**9}, "steps"),
+    ("hlcr", "fedgibbs", {"num_agents": 10**9}, "memory"),
+    ("ppca", "svi", {"num_particles": 10**9}, "memory"),
+    ("hlcr", "gibbs_blocked", {"num_chains": 10**7}, "memory"),
+    ("ppca", "em", {"max_iter": 2**63}, "steps"),
+    ("ppca", "nuts", {"num_chains": 10**6}, "memory"),
+    ("hlcr", "vbem", {"K": 10**6}, "memory"),
+    ("hlcr", "gibbs", {"thinning": 10**9}, "steps"),
+]
+
+
+@pytest.mark.parametrize(("model", "method", "option", "measure"), SIZE_TABLE,
+                         ids=[f"{m}-{meth}-{next(iter(o))}" for m, meth, o, _ in SIZE_TABLE])
+def test_08_every_size_of_the_issue_table_is_a_value_error_naming_option_estimate_and_limit_within_a_second(
+        model, method, option, measure, monkeypatch):
+    """Before: an XLA abort, a MemoryError, JAX out of memory, an OverflowError from jit, or a run still going
+    after a minute. Now a ValueError within a second (asserted: under 3 s on a loaded 2-core box), no XLA program
+    built. The oracle for the numbers: the step count is the option's own arithmetic; the memory estimate must
+    at least hold the draws or copies the option asks for at 8 bytes a value, one value each."""
+    import time
+
+    from inference._timing import Stopwatch
+
+    monkeypatch.setenv("BAYES_ZOO_MEMORY_LIMIT", "16G")
+    monkeypatch.delenv("BAYES_ZOO_MAX_STEPS", raising=False)
+    (name, value), = option.items()
+    start = time.perf_counter()
+    with Stopwatch() as sw, pytest.raises(ValueError) as info:
+        inference.prepare(model, small_data(model), method, seed=0, **option)
+    elapsed = time.perf_counter() - start
+    message = str(info.value)
+    assert elapsed < 3.0, f"{elapsed:.1f} s: {message}"
+    assert sw.xla_compiles == [], sw.xla_compiles
+    assert message.startswith(f"{name}: {name}={value!r} "), message
+    if measure == "steps":
+        steps = {"max_iter": value, "num_samples": 200 + value, "thinning": 200 + 1000 * value}[name]
+        shown = f"about {steps:.3g}" if steps >= 10**15 else f"{steps:,}"
+        assert f"asks for {shown} sequential steps" in message, message
+        assert "above the limit of 10,000,000" in message and "BAYES_ZOO_MAX_STEPS" in message, message
+    else:
+        found = re.search(r"needs about ([\d.]+) (GiB|TiB|PiB) of memory \(8 bytes x .*\), above the limit of "
+                          r"16 GiB \(BAYES_ZOO_MEMORY_LIMIT=16G\)", message)
+        assert found, message
+        estimate = float(found[1]) * 1024 ** {"GiB": 3, "TiB": 4, "PiB": 5}[found[2]]
+        assert estimate > 16 * 2**30
+        if name != "K":   # each chain, particle, agent or draw holds at least one float64
+            assert estimate >= 8 * value, message
+
+
+def test_08_the_default_memory_limit_is_half_the_physical_memory_and_the_variable_overrides_it(monkeypatch):
+    """Oracle: psutil's count of the machine's memory (not the os.sysconf the code reads)."""
+    psutil = pytest.importorskip("psutil")
+    from inference import limits
+
+    monkeypatch.delenv("BAYES_ZOO_MEMORY_LIMIT", raising=False)
+    limit, source = limits.memory_limit()
+    assert abs(limit - psutil.virtual_memory().total / 2) <= 2**20, (limit, psutil.virtual_memory().total)
+    assert source.startswith("50% of this machine's")
+    for text, expected in [("8G", 8 * 2**30), ("512M", 512 * 2**20), ("1.5T", int(1.5 * 2**40)), ("12345", 12345),
+                           ("8GiB", 8 * 2**30), ("off", None)]:
+        monkeypatch.setenv("BAYES_ZOO_MEMORY_LIMIT", text)
+        assert limits.memory_limit()[0] == expected, text
+    monkeypatch.setenv("BAYES_ZOO_MEMORY_LIMIT", "lots")
+    with pytest.raises(ValueError, match=r"^BAYES_ZOO_MEMORY_LIMIT: expected a number of bytes .* got 'lots'"):
+        inference.prepare("ppca", small_data("ppca"), "vbem", seed=0)
+
+
+def test_08_the_step_limit_moves_with_its_variable_up_to_the_32_bit_ceiling(monkeypatch):
+    data = small_data("ppca")
+    monkeypatch.setenv("BAYES_ZOO_MEMORY_LIMIT", "off")
+    monkeypatch.setenv("BAYES_ZOO_MAX_STEPS", "20000000")
+    inference.prepare("ppca", data, "em", seed=0, max_iter=2 * 10**7)
+    with pytest.raises(ValueError, match=r"^max_iter: max_iter=20000001 asks for 20,000,001 sequential steps "
+                                         r"\(max_iter\), above the limit of 20,000,000 \(BAYES_ZOO_MAX_STEPS="):
+        inference.prepare("ppca", data, "em", seed=0, max_iter=2 * 10**7 + 1)
+    monkeypatch.setenv("BAYES_ZOO_MAX_STEPS", str(2**31))
+    with pytest.raises(ValueError, match=r"^BAYES_ZOO_MAX_STEPS: expected an integer in \[1, 2,147,483,647\]"):
+        inference.prepare("ppca", data, "em", seed=0)
+
+
+@pytest.mark.parametrize(("option", "value", "steps"), [
+    ("max_tree_depth", 24, "16,777,215 leapfrog steps for one draw"),
+    ("num_warmup", 10**7, "10,001,000 sequential steps per chain"),
+    ("num_steps", 10**7 + 1, "10,000,001 sequential steps (num_steps)")])
+def test_08_nuts_tree_depth_warm_up_and_svi_steps_are_bounded_too(option, value, steps):
+    method = "svi" if option == "num_steps" else "nuts"
+    with pytest.raises(ValueError, match=rf"^{option}: {option}={value} asks for {re.escape(steps)}"):
+        inference.prepare("ppca", small_data("ppca"), method, seed=0, **{option: value})
+
+
+def test_08_the_latent_count_is_the_models_own_sites_and_the_estimate_its_documented_formula():
+    """ppca on Y of shape (30, 5), q = d - 1 = 4 (zoo/ppca: nu (q,), Wt (q, d), mu (d,), tau ()): L = 4 + 20 + 5 + 1
+    = 30 latent values, written out by hand; N = D = 150 values, n = 30 rows. NUTS, 2 chains of 1000 draws after
+    1000 warm-up steps, max_tree_depth 10."""
+    from inference import limits
+
+    p = inference.prepare("ppca", small_data("ppca"), "nuts", seed=0)
+    e = limits.estimate_memory(zoo.get("ppca"), p.context.data, p.context.hyper, p.context.options)
+    assert (e.latent, e.observed, e.data, e.rows, e.chains, e.draws, e.copies, e.depth, e.steps) == \
+        (30, 150, 150, 30, 2, 1000, 2, 10, 2000)
+    assert e.nbytes == 8 * (2 * 1000 * (2 * 30 + 150 + 30) + 2 * ((1 + 2 * 10) * 30 + 150) + 2000)
+
+
+@pytest.mark.parametrize(("model", "method"), [("ppca", "vbem"), ("hlcr", "gibbs"), ("ppca", "em")])
+def test_08_the_estimate_holds_at_least_the_fitted_tree(model, method):
+    """Honesty check against an independent measure: xarray's own byte count of every group of the fitted tree
+    (posterior, log densities, sample stats, data). The estimate is meant as a floor of what a fit holds at once,
+    and the tree is a part of it; at most 50 times the tree, or it would refuse fits that would run."""
+    from inference import limits
+
+    data, options = small_data(model), tiny_options(model, method)
+    p = inference.prepare(model, data, method, seed=0, **options)
+    estimate = limits.estimate_memory(p.context.spec, p.context.data, p.context.hyper, p.context.options).nbytes
+    tree = inference.fit_prepared(p)
+    held = sum(tree[g].to_dataset().nbytes for g in tree.groups if g != "/")
+    assert held <= estimate <= 50 * held, (held, estimate)
+
+
+def test_08_every_demo_and_stored_reference_setting_fits_half_of_an_8_gib_machine(monkeypatch):
+    """The legitimate large uses: each stored reference's NUTS options and its exact samplers' (4 chains of
+    up to 100,000 draws), every method's demo options on the demo data and on each real dataset of the demo."""
+    monkeypatch.setenv("BAYES_ZOO_MEMORY_LIMIT", "4G")
+    monkeypatch.delenv("BAYES_ZOO_MAX_STEPS", raising=False)
+    from test_hostile_input import ALL_MODELS
+
+    checked = 0
+    for name in ALL_MODELS:
+        spec = zoo.get(name)
+        for data, options in spec.reference_sets().values():
+            hyper = {k: v for k, v in options.items() if k in spec.hyperparameters}
+            inference.prepare(name, data, "nuts", seed=0, **options)
+            for method, extra in [*spec.reference_samplers, *filter(None, [spec.reference_crosscheck])]:
+                if method != "nuts":
+                    inference.prepare(name, data, method, seed=0, **hyper, **extra)
+                    checked += 1
+            checked += 1
+        demo = [(spec.default_data()[0], {}, {})] + [(*real.load(), real.demo_options)
+                                                       for real in spec.real_datasets.values() if real.in_demo]
+        for data, hyper, more in demo:
+            for method in inference.methods_for(name):
+                inference.prepare(name, data, method, seed=0, **{**hyper, **spec.demo_options.get(method, {}),
+                                                                 **more.get(method, {})})
+                checked += 1
+    assert checked > 60
