@@ -27,7 +27,7 @@ import xarray as xr
 import zoo
 from inference._methods import Draws, FitContext, Method, get_method, resolve_options
 from inference._timing import Stopwatch
-from inference.limits import check_memory, check_steps
+from inference.limits import check_memory, check_shards, check_steps
 from inference.trees import build_tree, non_finite_as_error
 from zoo._frames import FrameData, from_frame, with_columns
 from zoo._runtime import DEVICE_ENV, current_device, requested_device, set_device
@@ -101,6 +101,7 @@ def prepare(model: str | zoo.ModelSpec, data: Any, method: str, *, seed: int,
     if opts.get("z_init") is not None and {"agent", "entity"} <= table.data.keys() and "K" in hyper:
         check_z_init(opts["z_init"], table.data, hyper)
     check_memory(spec, table.data, hyper, opts, defaults(spec, meth))
+    check_shards(table.data, opts)
     ctx = FitContext(spec=spec, data=table.data, hyper=hyper, options=opts, key=key_of(seed), seed=seed)
     return Prepared(meth, ctx, table.axis_labels, table.provenance if table.columns else {})
 

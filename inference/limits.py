@@ -243,6 +243,18 @@ def check_memory(spec, data: Mapping[str, np.ndarray], hyper: Mapping[str, Any],
                      f"{name or 'the data'}, or set {MEMORY_ENV} (e.g. 64G, or off)")
 
 
+def check_shards(data: Mapping[str, np.ndarray], options: Mapping[str, Any]) -> None:
+    """A ``ValueError`` when ``num_agents`` or ``num_nodes`` asks for more agents or nodes than the data have rows:
+    each must hold at least one row, so such a count can only be a mistake (checked after ``check_memory``, so
+    a count beyond memory is named as such; below it, the error is this one line, not a list of empty shards)."""
+    rows = max((np.shape(v)[0] for v in data.values() if np.ndim(v)), default=0)
+    for name in ("num_agents", "num_nodes"):
+        value = options.get(name)
+        if isinstance(value, int) and value > rows:
+            raise ValueError(f"{name}: {name}={value} asks for more shards than the data have rows ({rows:,}); "
+                             f"each must hold at least one row")
+
+
 @functools.lru_cache(maxsize=256)
 def _latent_of(model, static: tuple, arrays: tuple) -> int:
     import jax

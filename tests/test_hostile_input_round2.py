@@ -550,3 +550,16 @@ def test_08_every_demo_and_stored_reference_setting_fits_half_of_an_8_gib_machin
                                                                  **more.get(method, {})})
                 checked += 1
     assert checked > 60
+
+
+@pytest.mark.parametrize(("model", "method", "name"), [
+    ("hlcr", "fedgibbs", "num_agents"), ("hlcr", "fedvb", "num_agents"), ("bpca", "dppca", "num_nodes"),
+    ("bpca", "badmm", "num_nodes")])
+def test_08_more_agents_or_nodes_than_rows_is_one_line_naming_the_option(model, method, name):
+    """Below the memory limit, 10**6 agents on 41 rows was a message listing 999,996 agents without data."""
+    data = small_data(model)
+    data.pop("node", None)
+    rows = len(next(iter(data.values())))
+    with pytest.raises(ValueError, match=rf"^{name}: {name}=1000000 asks for more shards than the data have rows "
+                                         rf"\({rows}\); each must hold at least one row$"):
+        inference.prepare(model, data, method, seed=0, **{name: 10**6})

@@ -486,3 +486,81 @@ def test_an_interrupted_comparison_resumes_reusing_what_was_written(tmp_path):
     np.testing.assert_array_equal(inference.load(out / "toy_normal" / "exact.nc")["posterior"]["mu"].values,
                                   first["posterior"]["mu"].values)
     assert (out / "toy_normal" / "slow.nc").is_file() and temporaries(out / "toy_normal") == []
+
+
+# --------------------------------------------------------------------------------------------------
+# sizes near the bounds (issue 33, item 8): accepted up to the limit, refused by name one past it
+# --------------------------------------------------------------------------------------------------
+
+BOUNDS = settings(FAST, max_examples=60)
+SIZE_CASES = [(m, meth, k) for m, meth in METHODS
+              for k in ("num_samples", "num_chains", "num_particles", "num_restarts")
+              if k in get_method(zoo.get(m), meth).declared]
+STEP_CASES = [(m, meth, k) for m, meth in METHODS for k in ("max_iter", "num_steps", "num_samples", "thinning")
+              if k in get_method(zoo.get(m), meth).declared
+              and (k not in ("num_samples", "thinning") or "num_warmup" in get_method(zoo.get(m), meth).declared)]
+
+
+def _default(model, method, name):
+    spec = zoo.get(model)
+    return {**get_method(spec, method).options, **spec.method_options.get(method, {})}[name]
+
+
+def _estimate(model, method, data, **options):
+    from inference import limits
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BAYES_ZOO_MEMORY_LIMIT", "off")
+        ctx = inference.prepare(model, data, method, seed=0, **options).context
+    return limits.estimate_memory(ctx.spec, ctx.data, ctx.hyper, ctx.options).nbytes
+
+
+@BOUNDS
+@given(case=st.sampled_from(SIZE_CASES), value=st.integers(1, 10**5), slack=st.integers(-2, 2))
+def test_a_size_near_the_memory_limit_is_accepted_up_to_it_and_refused_by_name_past_it(case, value, slack):
+    """The limit set to the estimate plus ``slack`` bytes: accepted for slack >= 0 (nothing runs: ``prepare``),
+    refused for slack < 0, naming the option when it is above its default (else the data); and every extra
+    draw, chain, particle or restart costs memory (the estimate grows strictly with the option)."""
+    model, method, name = case
+    data = small_data(model)
+    estimate = _estimate(model, method, data, **{name: value})
+    assert _estimate(model, method, data, **{name: value + 1}) > estimate
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BAYES_ZOO_MEMORY_LIMIT", str(estimate + slack))
+        if slack >= 0:
+            inference.prepare(model, data, method, seed=0, **{name: value})
+            return
+        with pytest.raises(ValueError) as info:
+            inference.prepare(model, data, method, seed=0, **{name: value})
+    named = f"{name}: {name}={value} " if value > _default(model, method, name) else "data["
+    assert str(info.value).startswith(named), str(info.value)
+    assert "above the limit of " in str(info.value), str(info.value)
+    assert f"(BAYES_ZOO_MEMORY_LIMIT={estimate + slack})" in str(info.value), str(info.value)
+
+
+@BOUNDS
+@given(case=st.sampled_from(STEP_CASES), offset=st.integers(-3, 3))
+def test_a_count_near_the_step_limit_is_accepted_up_to_10_to_the_7_and_refused_by_name_past_it(case, offset):
+    """Sequential steps counted by hand: max_iter, num_steps, or a sampler's num_warmup + num_samples x
+    thinning (warm-up and the other at their defaults); the limit is the documented 10**7 (memory unbounded here,
+    so only the step count decides)."""
+    model, method, name = case
+    limit = 10**7
+    if name in ("max_iter", "num_steps"):   # badmm's kl_inner multiplies only with penalty="kl", not the default
+        value = steps = limit + offset
+    elif name == "num_samples":
+        warmup = _default(model, method, "num_warmup")
+        value, steps = limit - warmup + offset, limit + offset
+    else:
+        warmup, draws = _default(model, method, "num_warmup"), _default(model, method, "num_samples")
+        value = (limit - warmup) // draws + offset
+        steps = warmup + draws * value
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BAYES_ZOO_MEMORY_LIMIT", "off")
+        mp.delenv("BAYES_ZOO_MAX_STEPS", raising=False)
+        if steps <= limit:
+            inference.prepare(model, small_data(model), method, seed=0, **{name: value})
+            return
+        with pytest.raises(ValueError, match=rf"^{name}: {name}={value} asks for {steps:,} .*above the limit of "
+                                             rf"10,000,000 "):
+            inference.prepare(model, small_data(model), method, seed=0, **{name: value})
