@@ -14,6 +14,7 @@ methods are listed; the others follow in alphabetical order.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import pkgutil
@@ -167,6 +168,13 @@ class FitContext:
 
     @property
     def model_kwargs(self) -> dict[str, Any]:
+        """``spec.inputs(data, hyper)``, computed once per context (gp_alps's kernel factors are eigen-
+        decompositions of n x n matrices: ``prepare`` reads the inputs for its memory estimate, the method again);
+        a fresh dict every time, so a method that edits it changes nothing for the next reader."""
+        return dict(self._model_kwargs)
+
+    @functools.cached_property
+    def _model_kwargs(self) -> dict[str, Any]:
         return self.spec.inputs(self.data, self.hyper)
 
 

@@ -100,9 +100,9 @@ def prepare(model: str | zoo.ModelSpec, data: Any, method: str, *, seed: int,
         with_columns(lambda: spec.check(table.data, hyper), table.columns)
     if opts.get("z_init") is not None and {"agent", "entity"} <= table.data.keys() and "K" in hyper:
         check_z_init(opts["z_init"], table.data, hyper)
-    check_memory(spec, table.data, hyper, opts, defaults(spec, meth))
-    check_shards(table.data, opts)
     ctx = FitContext(spec=spec, data=table.data, hyper=hyper, options=opts, key=key_of(seed), seed=seed)
+    check_memory(spec, table.data, hyper, opts, defaults(spec, meth), ctx.model_kwargs)
+    check_shards(table.data, opts)
     return Prepared(meth, ctx, table.axis_labels, table.provenance if table.columns else {})
 
 

@@ -196,10 +196,11 @@ def memory_limit() -> tuple[int | None, str]:
     return int(total * MEMORY_FRACTION), f"{MEMORY_FRACTION:.0%} of this machine's {_bytes(total)} of physical memory"
 
 
-def estimate_memory(spec, data: Mapping[str, np.ndarray], hyper: Mapping[str, Any],
-                    options: Mapping[str, Any]) -> Estimate:
+def estimate_memory(spec, data: Mapping[str, np.ndarray], hyper: Mapping[str, Any], options: Mapping[str, Any],
+                    model_kwargs: Mapping[str, Any] | None = None) -> Estimate:
     """The memory ``Estimate`` of fitting ``spec`` to validated ``data`` with ``hyper`` and a method's
-    ``options`` (module docstring); traces nothing it has traced before for these shapes."""
+    ``options`` (module docstring); traces nothing it has traced before for these shapes. ``model_kwargs``:
+    ``spec.inputs(data, hyper)`` where the caller has them (they can be costly)."""
     o = options
     sizes = [np.shape(v) for v in data.values()]
     chains = int(o.get("num_chains", 1))
@@ -211,7 +212,7 @@ def estimate_memory(spec, data: Mapping[str, np.ndarray], hyper: Mapping[str, An
     k = hyper.get("K", 0)
     observed = spec.observed_fields if spec.observed_fields is not None else spec.likelihood_sites
     rows = max((s[0] for s in sizes if s), default=1)
-    return Estimate(latent=latent_size(spec, data, hyper), data=sum(math.prod(s) for s in sizes),
+    return Estimate(latent=latent_size(spec, data, hyper, model_kwargs), data=sum(math.prod(s) for s in sizes),
                     observed=sum(int(np.size(data[f])) for f in observed if f in data) or rows,
                     rows=rows, chains=chains, draws=int(o.get("num_samples", 1)),
                     copies=chains * int(o.get("num_restarts", 1)) * int(o.get("num_particles", 1)),
@@ -221,19 +222,21 @@ def estimate_memory(spec, data: Mapping[str, np.ndarray], hyper: Mapping[str, An
 
 
 def check_memory(spec, data: Mapping[str, np.ndarray], hyper: Mapping[str, Any], options: Mapping[str, Any],
-                 defaults: Mapping[str, Any]) -> Estimate:
+                 defaults: Mapping[str, Any], model_kwargs: Mapping[str, Any] | None = None) -> Estimate:
     """The ``Estimate`` of this fit, or a ``ValueError`` when it passes ``memory_limit()``: it names the option
     or hyperparameter that, set back to its default (``defaults``: the method's option defaults and the model's
     hyperparameter defaults), lowers the estimate most (else the largest data field), the estimate with its
-    formula, and the limit with where it comes from."""
-    estimate = estimate_memory(spec, data, hyper, options)
+    formula, and the limit with where it comes from. ``model_kwargs`` as for ``estimate_memory``."""
+    estimate = estimate_memory(spec, data, hyper, options, model_kwargs)
     limit, source = memory_limit()
     if limit is None or estimate.nbytes <= limit:
         return estimate
     given = {**hyper, **options}
 
     def total(values):
-        return estimate_memory(spec, data, {k: values[k] for k in hyper}, {k: values[k] for k in options}).nbytes
+        changed = any(values[k] != hyper[k] for k in hyper)
+        return estimate_memory(spec, data, {k: values[k] for k in hyper}, {k: values[k] for k in options},
+                               None if changed else model_kwargs).nbytes
 
     largest = max(data, key=lambda f: np.size(data[f]))
     name = _culprit(given, defaults, total, fallback=None)
@@ -280,14 +283,17 @@ class _Spec:
     model: Any
 
 
-def latent_size(spec, data: Mapping[str, np.ndarray], hyper: Mapping[str, Any]) -> int:
+def latent_size(spec, data: Mapping[str, np.ndarray], hyper: Mapping[str, Any],
+                model_kwargs: Mapping[str, Any] | None = None) -> int:
     """``L``: the number of latent values of one draw of ``spec``'s model on ``data`` and ``hyper`` (every
     non-observed sample site), by an abstract trace (``jax.eval_shape``: nothing computed or compiled), kept per
-    model, non-array arguments and array shapes. A model that cannot be traced abstractly (Python control flow
+    model, non-array arguments and array shapes (``model_kwargs``: ``spec.inputs(data, hyper)``, else computed
+    here). A model that cannot be traced abstractly (Python control flow
     on data values) counts ``D``, its number of data values."""
     from inference.trees import split_arguments
 
-    arrays, static = split_arguments(spec.inputs(dict(data), dict(hyper)))
+    inputs = spec.inputs(dict(data), dict(hyper)) if model_kwargs is None else model_kwargs
+    arrays, static = split_arguments(dict(inputs))
     shapes = tuple(sorted((k, np.shape(v), np.result_type(v).str) for k, v in arrays.items()))
     try:
         hash((spec.model, static))

@@ -509,47 +509,58 @@ def test_08_the_latent_count_is_the_models_own_sites_and_the_estimate_its_docume
     assert e.nbytes == 8 * (2 * 1000 * (2 * 30 + 150 + 30) + 2 * ((1 + 2 * 10) * 30 + 150) + 2000)
 
 
-@pytest.mark.parametrize(("model", "method"), [("ppca", "vbem"), ("hlcr", "gibbs"), ("ppca", "em")])
-def test_08_the_estimate_holds_at_least_the_fitted_tree(model, method):
+@pytest.mark.parametrize(("model", "method"), [("ppca", "vbem"), ("hlcr", "vbem"), ("ppca", "em")])
+def test_08_the_estimate_holds_at_least_the_fitted_tree(model, method, hlcr_tree):
     """Honesty check against an independent measure: xarray's own byte count of every group of the fitted tree
     (posterior, log densities, sample stats, data). The estimate is meant as a floor of what a fit holds at once,
-    and the tree is a part of it; at most 50 times the tree, or it would refuse fits that would run."""
+    and the tree is a part of it; at most 50 times the tree, or it would refuse fits that would run. (hlcr: item
+    9's tiny vbem fit.)"""
     from inference import limits
 
     data, options = small_data(model), tiny_options(model, method)
     p = inference.prepare(model, data, method, seed=0, **options)
     estimate = limits.estimate_memory(p.context.spec, p.context.data, p.context.hyper, p.context.options).nbytes
-    tree = inference.fit_prepared(p)
+    tree = hlcr_tree[0] if model == "hlcr" else inference.fit_prepared(p)
     held = sum(tree[g].to_dataset().nbytes for g in tree.groups if g != "/")
     assert held <= estimate <= 50 * held, (held, estimate)
 
 
-def test_08_every_demo_and_stored_reference_setting_fits_half_of_an_8_gib_machine(monkeypatch):
-    """The legitimate large uses: each stored reference's NUTS options and its exact samplers' (4 chains of
-    up to 100,000 draws), every method's demo options on the demo data and on each real dataset of the demo."""
-    monkeypatch.setenv("BAYES_ZOO_MEMORY_LIMIT", "4G")
-    monkeypatch.delenv("BAYES_ZOO_MAX_STEPS", raising=False)
+def _legitimate_settings(real: bool):
+    """(model, data, method, options) of every stored reference (its NUTS options and its exact samplers', 4
+    chains of up to 100,000 draws) and every method's demo options, on the simulated default data, or (``real``)
+    on each real dataset of the demo."""
     from test_hostile_input import ALL_MODELS
 
-    checked = 0
     for name in ALL_MODELS:
         spec = zoo.get(name)
-        for data, options in spec.reference_sets().values():
+        sets = spec.reference_sets() if real else {"default": (spec.default_data()[0], dict(spec.reference_options))}
+        for tag, (data, options) in sets.items():
+            if real != tag.startswith("real_"):
+                continue
             hyper = {k: v for k, v in options.items() if k in spec.hyperparameters}
-            inference.prepare(name, data, "nuts", seed=0, **options)
+            yield name, data, "nuts", options
             for method, extra in [*spec.reference_samplers, *filter(None, [spec.reference_crosscheck])]:
                 if method != "nuts":
-                    inference.prepare(name, data, method, seed=0, **hyper, **extra)
-                    checked += 1
-            checked += 1
-        demo = [(spec.default_data()[0], {}, {})] + [(*real.load(), real.demo_options)
-                                                       for real in spec.real_datasets.values() if real.in_demo]
+                    yield name, data, method, {**hyper, **extra}
+        demo = [(*r.load(), r.demo_options) for r in spec.real_datasets.values() if r.in_demo] if real else \
+            [(spec.default_data()[0], {}, {})]
         for data, hyper, more in demo:
             for method in inference.methods_for(name):
-                inference.prepare(name, data, method, seed=0, **{**hyper, **spec.demo_options.get(method, {}),
-                                                                 **more.get(method, {})})
-                checked += 1
-    assert checked > 60
+                yield name, data, method, {**hyper, **spec.demo_options.get(method, {}), **more.get(method, {})}
+
+
+@pytest.mark.parametrize("real", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["simulated", "real"])
+def test_08_every_demo_and_stored_reference_setting_fits_half_of_an_8_gib_machine(real, monkeypatch):
+    """The legitimate large uses pass the bounds with room: memory limited to 4 GiB (the largest estimate, gp_alps's
+    Gibbs reference on diabetes, is 2.5 GiB; on simulated data 520 MiB), steps to the default 10**7 (the most asked
+    for is 122,000). The real datasets' model inputs take seconds (gp_alps's kernel factors), hence slow."""
+    monkeypatch.setenv("BAYES_ZOO_MEMORY_LIMIT", "4G")
+    monkeypatch.delenv("BAYES_ZOO_MAX_STEPS", raising=False)
+    checked = 0
+    for name, data, method, options in _legitimate_settings(real):
+        inference.prepare(name, data, method, seed=0, **options)
+        checked += 1
+    assert checked > (30 if real else 40), checked
 
 
 @pytest.mark.parametrize(("model", "method", "name"), [
