@@ -4,10 +4,9 @@ An option value alone must never exhaust the machine's memory or run for hours (
 request is measured in two units and refused with a ``ValueError`` that names the option, the estimate and the
 limit.
 
-**Sequential steps** (``check_steps``, no data needed). The loops count steps in 32-bit integers
-(``inference.loop``: the step and chunk counters are int32; NumPyro's and the SVI loop's likewise), so
-``2**31 - 1`` steps is a hard ceiling (``STEP_CEILING``); a Python int past int64 cannot even become an
-argument of a compiled program. Far below that, ``MAX_STEPS = 10**7`` steps of one chain or one run is hours
+**Sequential steps** (``check_steps``, no data needed). The loop of the hand-written kernels counts steps in
+32-bit integers (``inference.loop``: its step and chunk counters are int32), so ``2**31 - 1`` steps is a hard
+ceiling (``STEP_CEILING``); a Python int past int64 cannot even become an argument of a compiled program. Far below that, ``MAX_STEPS = 10**7`` steps of one chain or one run is hours
 for any model whose step takes a millisecond, and no setting the package documents or stores (demos, stored
 references, tests) comes within a factor of 50 of it. Steps counted, per chain or run:
 
@@ -42,7 +41,11 @@ made on the way (a tree is built from the draws), so it is a floor, honest withi
 it is held to is ``MEMORY_FRACTION`` (half) of the machine's physical memory, or ``BAYES_ZOO_MEMORY_LIMIT``
 (bytes, with an optional ``K``/``M``/``G``/``T`` suffix, powers of 1024; ``off`` disables the check). A
 request beyond the limit names the option that, set back to its default, lowers the estimate most (a
-hyperparameter such as ``K`` included: it sizes the latent sites), else the largest data field.
+hyperparameter such as ``K`` included: it sizes the latent sites), else the largest data field. The limit is the
+host's memory also where JAX computes on a GPU (the draws and the tree end up on the host).
+
+**Shards** (``check_shards``): ``num_agents``/``num_nodes`` above the number of rows is refused in one line
+(each agent or node must hold a row).
 """
 
 from __future__ import annotations
