@@ -6,9 +6,10 @@ limit.
 
 **Sequential steps** (``check_steps``, no data needed). The loop of the hand-written kernels counts steps in
 32-bit integers (``inference.loop``: its step and chunk counters are int32), so ``2**31 - 1`` steps is a hard
-ceiling (``STEP_CEILING``); a Python int past int64 cannot even become an argument of a compiled program. Far below that, ``MAX_STEPS = 10**7`` steps of one chain or one run is hours
-for any model whose step takes a millisecond, and no setting the package documents or stores (demos, stored
-references, tests) comes within a factor of 50 of it. Steps counted, per chain or run:
+ceiling (``STEP_CEILING``); a Python int past int64 cannot even become an argument of a compiled program. Far
+below that, ``MAX_STEPS = 10**7`` steps of one chain or one run is hours for any model whose step takes a
+millisecond, and no setting the package documents or stores (demos, stored references, tests) comes within a
+factor of 50 of it. Steps counted, per chain or run:
 
 * samplers: ``num_warmup + num_samples * thinning``;
 * optimisation loops: ``max_iter`` (times ``kl_inner``, the inner alternations of one round, where given);
