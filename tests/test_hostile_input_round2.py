@@ -574,3 +574,11 @@ def test_08_more_agents_or_nodes_than_rows_is_one_line_naming_the_option(model, 
     with pytest.raises(ValueError, match=rf"^{name}: {name}=1000000 asks for more shards than the data have rows "
                                          rf"\({rows}\); each must hold at least one row$"):
         inference.prepare(model, data, method, seed=0, **{name: 10**6})
+
+
+def test_08_the_guide_states_the_size_bounds_and_how_to_move_them():
+    from test_hostile_input import ROOT
+
+    text = " ".join((ROOT / "docs" / "guide" / "bad_input.md").read_text().split())
+    assert "10**7 sequential steps" in text and "half the machine's memory" in text
+    assert "BAYES_ZOO_MAX_STEPS" in text and "BAYES_ZOO_MEMORY_LIMIT" in text
