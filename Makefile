@@ -9,7 +9,7 @@ PYTHON_CANDIDATES := python3.12 python3.13 python3.14 python3 python
 # The persistent JAX compilation cache makes the second compile of a kernel ~5x cheaper.
 export BAYES_ZOO_JAX_CACHE ?= $(CURDIR)/.jax_cache
 
-.PHONY: demo test test-all bench notebooks references lint venv clean help
+.PHONY: demo test test-all bench notebooks docs references lint venv clean help
 
 help:
 	@echo "make demo        fit every model with every method, write the HTML report (zoo demo)"
@@ -17,6 +17,8 @@ help:
 	@echo "make test-all    everything, including @pytest.mark.slow statistical runs and Ray"
 	@echo "make bench       run benchmarks/ and write benchmarks/results.md"
 	@echo "make notebooks   execute notebooks at full size into notebooks/_build/"
+	@echo "make docs        the documentation site into docs/_build/html, warnings as errors; the notebooks are"
+	@echo "                 executed during the build in FAST mode, at full size with FULL=1"
 	@echo "make references  make the stored reference posteriors (zoo/references/): resumable, keeps healthy"
 	@echo "                 current ones, refuses unhealthy ones; MODELS='bpca ssgp_lmm' for some, FORCE=1 to redo"
 
@@ -59,6 +61,10 @@ bench: $(STAMP)
 notebooks: $(STAMP)
 	$(PY) -m notebooks.build
 
+docs: $(STAMP)
+	FULL=$(if $(filter-out 0,$(FULL)),1,0) $(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+	@echo "open docs/_build/html/index.html"
+
 references: $(STAMP)
 	OPENBLAS_NUM_THREADS=1 $(VENV)/bin/zoo references $(MODELS) $(if $(FORCE),--force,)
 
@@ -66,4 +72,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) .jax_cache .pytest_cache notebooks/_build zoo-demo
+	rm -rf $(VENV) .jax_cache .pytest_cache notebooks/_build zoo-demo docs/_build docs/_generated docs/notebooks docs/api/generated

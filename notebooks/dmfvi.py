@@ -7,6 +7,10 @@
 # %% [markdown]
 # # D-MFVI: Bayesian PCA by distributed mean-field VI over a network of nodes
 #
+# **What you will learn:** how a network of nodes fits Bayesian PCA without sharing its rows; the erratum that
+# made the paper's consensus too wide; how D-MFVI compares with centralised VB, NUTS and D-PPCA on the paper's
+# structure-from-motion cube.
+#
 # Babagholami-Mohamadabadi, Yoon & Pavlovic, *D-MFVI: Distributed Mean Field Variational Inference using
 # Bregman ADMM* (arXiv 1507.00824; AAAI 2016), with our corrections (the D-MFVI paper page lists the errata).
 #

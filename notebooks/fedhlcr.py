@@ -7,6 +7,9 @@
 # %% [markdown]
 # # FedHLCR: hierarchical latent class regression without moving the data
 #
+# **What you will learn:** how collapsed Gibbs becomes a federated protocol of sums that never moves an event;
+# that FedHLCR matches centralised Gibbs; what the learning rate does under partial participation.
+#
 # Yang, Carette, Jimbo & Maruyama, *Federated Latent Class Regression for Hierarchical Data*, §5 and
 # Algorithm 3. The model (the `hlcr` notebook tells the generative story in full) is a mixture of $K$
 # Bayesian linear regressions for agent → entity → event data: every (agent $i$, entity $j$) pair has one

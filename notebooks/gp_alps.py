@@ -7,6 +7,10 @@
 # %% [markdown]
 # # GP-ALPS: which latent processes does a multi-output GP need?
 #
+# **What you will learn:** Bayesian selection of the latent processes of a multi-output GP; why the paper's
+# relaxation is unnecessary; how exact enumeration, NUTS, Gibbs and VB-EM agree on the switches; the paper's
+# three experiments.
+#
 # Berkovich, Perim & Bruinsma (AABI 2019) put a **switch** on every latent process of the linear mixing
 # model (LMM) for multi-output GPs:
 #

@@ -7,6 +7,10 @@
 # %% [markdown]
 # # HLCR: hierarchical latent class regression (Yang, Carette, Jimbo & Maruyama)
 #
+# **What you will learn:** the HLCR model and the paper's collapsed Gibbs sampler, corrected; how to check it
+# against NUTS on label-invariant summaries; the paper's experiment on noise and events per pair; real data
+# (pigs in litters); when the blocked sampler beats the collapsed one.
+#
 # Data come as **agent → entity → event**: a phone (agent) connects to Wi-Fi access points
 # (entities), each connection is an event with features $x$ and a target $y$. All events of one
 # (agent, entity) *pair* $e$ follow the same linear regression, chosen among $K$ clusters:

@@ -7,6 +7,10 @@
 # %% [markdown]
 # # Bayesian mixtures of PPCA by variational Bayes (Bruneau, Gelgon & Picarougne 2013)
 #
+# **What you will learn:** how VB-EM for a mixture of probabilistic PCA switches off the components and subspace
+# directions the data do not need; how close it is to NUTS; the paper's comparison with a Gaussian mixture; real
+# data from scikit-learn.
+#
 # **The model.** Each observation $y_n \in \mathbb R^d$ comes from one of $K$ probabilistic PCA analysers:
 #
 # $$\omega \sim \mathrm{Dir}(\alpha_0 1_K),\quad \nu_{kj} \sim \mathrm{Ga}(a_0, b_0),\quad

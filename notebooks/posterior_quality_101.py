@@ -7,6 +7,10 @@
 # %% [markdown]
 # # Posterior quality 101: how, and how much, is an approximate posterior wrong?
 #
+# **What you will learn:** how the `diagnostics` scorecard and verdicts tell an exact sampler, NUTS, a full-rank
+# and a mean-field variational approximation apart on a posterior known exactly; what PSIS $\hat k$ measures;
+# the four verdicts and the two kinds of rule.
+#
 # Every method in this zoo hands back posterior *draws*. A Gibbs sampler, a variational
 # approximation and NUTS can all look plausible in a histogram; this notebook shows how the
 # `diagnostics` scorecard tells them apart, number by number, on a posterior where the truth is known

@@ -7,6 +7,9 @@
 # %% [markdown]
 # # Prior sensitivity by power-scaling: finding a prior that fights the data
 #
+# **What you will learn:** how power-scaling the prior or the likelihood reveals a prior that fights the data,
+# without refitting; how to read the diagnosis and when it is reliable; how to run the check on your own table.
+#
 # A posterior is a compromise between the prior and the likelihood. When they agree, nobody notices
 # the prior; when they disagree, the posterior lands somewhere in between and *looks* perfectly healthy:
 # NUTS converges, R-hat is 1.00, the intervals are tidy. This notebook shows how

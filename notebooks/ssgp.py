@@ -7,6 +7,10 @@
 # %% [markdown]
 # # Sparse-spectrum GP with random effects, fitted by closed-form VB
 #
+# **What you will learn:** the sparse-spectrum GP with random effects and its closed-form VB; how it compares
+# with NUTS and with an exact GP; the logistic and probit variants and where mean-field VB fails; real data
+# (sleep deprivation, infections).
+#
 # D. Lim, *Incorporating random effect into GP sparse approximation* (2016), bolts a random-effects term
 # onto the variational sparse-spectrum GP (SSGP) of Tan, Ong, Nott & Jasra (*Statistics and Computing*,
 # 2016). We follow our own derivation (the SSGP paper page gives it in full), which corrects the

@@ -1,0 +1,109 @@
+"""The documentation site builds with warnings as errors (Sphinx, myst-nb, the PyData theme; ``make docs``) from the
+teaching notebooks this test session executed (tests/notebook_runs.py: executed once, shared with
+tests/test_notebooks.py, so the site costs only Sphinx here), and has the pages it promises: a page per paper
+covering every registered model, the verdict page with the measured error-rate table, an API page for every
+public name of ``zoo``, ``inference`` and ``diagnostics``, the command line's help for every command, and every
+notebook rendered with its figures and shown in the gallery with a thumbnail."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from notebook_runs import all_executed, session_dir
+
+import diagnostics
+import inference
+import zoo
+from notebooks.build import sources
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPERS = ["hlcr", "mppca", "ssgp", "gp_alps", "dmfvi"]
+GENERATED = ("_build", "_generated", "notebooks", "generated", "zoo.md", "inference.md", "diagnostics.md")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The site built from a copy of docs/ (nothing is written into the checkout)."""
+    runs = session_dir(tmp_path_factory)
+    all_executed(runs)
+    work = tmp_path_factory.mktemp("docs")
+    shutil.copytree(ROOT / "docs", work / "docs", ignore=shutil.ignore_patterns(*GENERATED))
+    env = {**os.environ, "BAYES_ZOO_ROOT": str(ROOT), "BAYES_ZOO_DOCS_NOTEBOOKS": str(runs),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
+                          "-d", str(work / "doctrees"), str(work / "docs"), str(work / "html")],
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, f"sphinx failed (warnings are errors):\n{out.stdout[-4000:]}\n{out.stderr[-8000:]}"
+    return work / "html"
+
+
+def page(site: Path, name: str) -> str:
+    path = site / f"{name}.html"
+    assert path.is_file(), f"no page {name}.html"
+    return path.read_text()
+
+
+def test_landing_getting_started_benchmarks_and_a_page_per_paper(site):
+    index = page(site, "index")
+    for name in ("getting_started", "gallery", "papers/index", "verdicts", "benchmarks", "api/index", "cli"):
+        assert f'href="{name}.html"' in index, name
+    assert "pip install -e" in page(site, "getting_started")
+    results = (ROOT / "benchmarks" / "results.md").read_text()
+    sections = re.findall(r"(?m)^## (.+)$", results)
+    bench = page(site, "benchmarks")
+    assert sections and all(s.split()[0] in bench for s in sections), "benchmarks.html includes results.md"
+    models = [m for m in zoo.list_models() if zoo.get(m).model.__module__.startswith("zoo.")]
+    headings = {p: re.findall(r"<h3[^>]*>(.*?)</h3>", page(site, f"papers/{p}"), re.S) for p in PAPERS}
+    for model in models:
+        on = [p for p, hs in headings.items() if any(f">{model}<" in h for h in hs)]
+        assert on, f"model {model} has no section on any paper page"
+    hlcr = page(site, "papers/hlcr")
+    assert "Errata and ambiguities" in hlcr and "gibbs_blocked" in hlcr and "dietox" in hlcr
+
+
+def test_the_verdict_page_has_the_four_verdicts_and_the_measured_error_rate_table(site):
+    html = page(site, "verdicts")
+    for verdict in ("PASS", "FAIL", "NOT CONVERGED", "NOT JUDGED"):
+        assert verdict in html
+    tables = re.findall(r"<table.*?</table>", html, re.S)
+    rates = [t for t in tables if "false alarms: PASS" in t]
+    assert rates, "the error-rate table of benchmarks/results.md ('verdicts') is on the page"
+    assert len(re.findall(r"<tr", rates[0])) >= 5
+
+
+def test_the_api_reference_covers_every_public_name(site):
+    for module in (zoo, inference, diagnostics):
+        listing = page(site, f"api/{module.__name__}")
+        for name in module.__all__:
+            target = f"{module.__name__}.{name}"
+            assert f'href="generated/{target}.html' in listing, f"{target} is not listed"
+            assert f'id="{target}"' in page(site, f"api/generated/{target}"), f"{target} is not documented"
+
+
+def test_the_cli_reference_is_the_help_of_every_command(site):
+    import typer.main
+
+    from zoo_cli.app import app
+
+    group = typer.main.get_command(app)
+    html = page(site, "cli")
+    assert "Usage: zoo" in html
+    for name, command in group.commands.items():
+        if not command.hidden:
+            assert f"Usage: zoo {name}" in html, name
+
+
+def test_every_notebook_is_rendered_with_its_figures_and_has_a_thumbnail(site):
+    gallery = page(site, "gallery")
+    for path in sources():
+        html = page(site, f"notebooks/{path.stem}")
+        assert "<img" in html, f"{path.stem}: no figure on its page"
+        card = re.search(rf'<a[^>]*href="notebooks/{path.stem}.html"', gallery)
+        assert card, f"{path.stem}: no card in the gallery"
+        assert re.search(rf"<img[^>]*src=\"_images/{path.stem}.png\"", gallery), f"{path.stem}: no thumbnail"
