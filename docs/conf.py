@@ -81,7 +81,7 @@ html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
     # notebooks and the card pages need the width more than an outline
-    "secondary_sidebar_items": {"**": ["page-toc"], "index": [], "gallery": [], "notebooks/*": []},
+    "secondary_sidebar_items": {"index": [], "gallery": [], "notebooks/*": []},
     "footer_start": ["copyright"],
     "footer_end": [],
 }
@@ -185,12 +185,14 @@ def _findings(path: Path) -> str:
 
 
 def _cli() -> None:
+    # typer reads the width of its rich help once, when first imported
+    os.environ["TERMINAL_WIDTH"] = "92"
     from typer.testing import CliRunner
 
     from zoo_cli.app import app
 
     runner = CliRunner()
-    env = {"COLUMNS": "110", "TERM": "dumb", "NO_COLOR": "1"}
+    env = {"COLUMNS": "92", "TERM": "dumb", "NO_COLOR": "1"}
 
     def help_of(args: list[str]) -> str:
         result = runner.invoke(app, [*args, "--help"], env=env, prog_name="zoo")

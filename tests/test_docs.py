@@ -24,6 +24,7 @@ from notebooks.build import sources
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPERS = ["hlcr", "mppca", "ssgp", "gp_alps", "dmfvi"]
+pytestmark = pytest.mark.notebook  # renders the executed notebooks
 GENERATED = ("_build", "_generated", "notebooks", "generated", "zoo.md", "inference.md", "diagnostics.md")
 
 
