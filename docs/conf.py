@@ -80,8 +80,9 @@ html_static_path = ["_static"] if (DOCS / "_static").is_dir() else []
 html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
-    # notebooks and the card pages need the width more than an outline
-    "secondary_sidebar_items": {"index": [], "gallery": [], "notebooks/*": []},
+    # an outline beside the long pages; the notebooks and the card pages need the width more
+    "secondary_sidebar_items": {page: ["page-toc"] for page in (
+        "getting_started", "verdicts", "benchmarks", "cli", "papers/*", "api/*", "api/generated/*", "guide/*")},
     "footer_start": ["copyright"],
     "footer_end": [],
 }
