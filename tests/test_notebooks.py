@@ -112,4 +112,7 @@ def test_the_kernel_gets_fast_mode_and_this_process_environment_is_left_alone(tm
     target, seconds = execute(path, tmp_path / "out", fast=True, timeout=60)
     assert dict(os.environ) == before
     assert target == tmp_path / "out" / "probe.ipynb" and target.exists() and seconds > 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask, oct(target.stat().st_mode)  # mkstemp's 0600 no more
     assert (tmp_path / "out" / "ran").read_text() != str(os.getpid())
