@@ -613,7 +613,7 @@ def cost_accuracy_section(frame: pd.DataFrame, out_dir: Path) -> tuple[str, list
             + "<h3>Time to reach the rule</h3><p>The first budget at which every seed meets the method's rule "
               "(PASS), with its run seconds (compile time apart); a method that never does, within its ladder, "
               "shows the error it stays at: a variational method's bias is the answer, not a failure.</p>"
-            + _table(table, text_cols=("kind", "meets its rule at", "verdicts at the largest budget"))
+            + _table(table, text_cols=("kind", "meets its rule at", "verdicts at the largest budget"), scroll=True)
             + f"<p class='muted'>Every fit: <a href='{CSV}'>{CSV}</a>.</p>")
     return body, rule.to_dict("records")
 
