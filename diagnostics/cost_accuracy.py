@@ -335,7 +335,8 @@ def time_to_rule(frame: pd.DataFrame) -> pd.DataFrame:
     """Per method of a ``cost_accuracy`` frame: the first budget at which every seed's verdict is PASS
     (``reached``), with the mean run and compile seconds of its seeds there; else ``reached`` False and the
     error it plateaus at (``plateau_error``: the mean worst mean error at the largest budget, in reference sd)
-    and the verdicts there. ``reading`` says it in words."""
+    and the verdicts there, with the first clause of a failed one (``why_at_largest``). ``reading`` says it in
+    words."""
     rows = []
     for method, g in frame.groupby("method", sort=False):
         unit = str(g["budget_unit"].iloc[0])
@@ -344,7 +345,8 @@ def time_to_rule(frame: pd.DataFrame) -> pd.DataFrame:
         top = g[g["budget"] == g["budget"].max()]
         row = {"method": method, "kind": g["kind"].iloc[0], "budget_unit": unit,
                "plateau_error": float(top["max_std_mean_error"].mean()),
-               "verdicts_at_largest": ", ".join(sorted(set(top["verdict"])))}
+               "verdicts_at_largest": ", ".join(sorted(set(top["verdict"]))),
+               "why_at_largest": next((str(r) for r in top.get("reason", ()) if isinstance(r, str) and r), "")}
         if met.any():
             b = int(met[met].index[0])
             at = g[g["budget"] == b]
@@ -360,7 +362,8 @@ def time_to_rule(frame: pd.DataFrame) -> pd.DataFrame:
                                        if row["plateau_error"] <= MEAN_TOL else ""))})
         rows.append(row)
     return pd.DataFrame(rows, columns=["method", "kind", "reached", "budget", "budget_unit", "run_seconds",
-                                       "compile_seconds", "plateau_error", "verdicts_at_largest", "reading"])
+                                       "compile_seconds", "plateau_error", "verdicts_at_largest", "why_at_largest",
+                                       "reading"])
 
 
 def error_slope(frame: pd.DataFrame, method: str, column: str = "max_std_mean_error") -> float:

@@ -285,3 +285,12 @@ def test_on_the_demo_data_samplers_fall_as_draws_to_the_minus_half_and_kernels_p
     within = np.abs(m.to_numpy() - converged) <= 0.10 * converged
     first = int(np.argmax(within)) if within.any() else len(within)
     assert first < len(within) - 1 and within[first:].all(), (converged, m)
+
+
+def test_the_index_page_says_which_models_have_ladders_and_which_were_left_out(tmp_path):
+    from diagnostics.report import report_index
+
+    note = ("Accuracy against compute (every method on a ladder of budgets): on the pages of ppca; left out of this "
+            "demo to keep it within its time budget: hlcr (zoo compare MODEL --ladder makes it for any of them).")
+    index = report_index({}, tmp_path, note=note).read_text()
+    assert "left out of this demo to keep it within its time budget: hlcr" in index
