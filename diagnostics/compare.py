@@ -231,11 +231,11 @@ def run_demo(out: Path, models: Sequence[str] | None = None, *, methods: Mapping
     of budgets, ``ladder_of``; run in this process after the fits): None, the cheap ones (``DEMO_LADDERS``)
     among ``models``; True, every one; False, none. The index page names the models left out.
 
-    ``workers`` > 1: every fit runs in that many spawned worker processes (``diagnostics.workers``, slowest kind
-    first), written where the in-process sequence writes it and with its run stamp; then each model's pages are
-    written in the workers from those trees. The same trees, pages and verdicts as ``workers=1`` (in process,
-    the default here: a worker sees only the models ``import zoo`` registers; ``zoo demo`` uses one worker per
-    core)."""
+    ``workers`` > 1: every fit runs in that many spawned worker processes (``diagnostics.workers``, longest
+    first), written where the in-process sequence writes it and with its run stamp; each model's pages are
+    written in the workers from those trees once its fits are done. The same trees, pages and verdicts as
+    ``workers=1`` (in process, the default here: a worker sees only the models ``import zoo`` registers; ``zoo
+    demo`` uses one worker per core)."""
     from diagnostics import workers as pool
 
     workers = pool.check_workers(workers)
@@ -251,12 +251,15 @@ def run_demo(out: Path, models: Sequence[str] | None = None, *, methods: Mapping
                     for spec in specs}
         jobs = pool.demo_jobs([(spec.name, chosen[spec.name], sections[spec.name]) for spec in specs])
         log(f"{len(jobs)} fits and {len(specs)} models' pages in {workers} worker processes")
+        fits = [pool.Call("fit", job.label, pool.fit_job, (job, str(out), seed, fresh)) for job in jobs]
+        # a model's pages start once its fits are done, after every fit has started (the fits go longest first)
+        page_calls = [pool.Call("pages of", spec.name, pool.page_job, (spec.name, chosen[spec.name], str(out), seed),
+                                frozenset(("fit", job.label) for job in jobs if job.model == spec.name))
+                      for spec in specs]
         with pool.WorkerPool(workers, log) as workers_pool:
-            workers_pool.run("fit", [(job.label, pool.fit_job, (job, str(out), seed, fresh)) for job in jobs])
-            done = workers_pool.run("pages of", [(spec.name, pool.page_job, (spec.name, chosen[spec.name], str(out),
-                                                                              seed)) for spec in specs])
+            done = workers_pool.run_calls(fits + page_calls)
         for spec in specs:                       # the index in the models' order, whatever order they ended in
-            pages.update(done[spec.name])
+            pages.update(done[("pages of", spec.name)])
     for i, spec in enumerate(specs if workers == 1 else [], 1):
         log(f"[{i}/{len(specs)}] {spec.name}: {', '.join(chosen[spec.name])}")
         pages[spec.name] = compare_model(spec, chosen[spec.name], out, seed=seed, fresh=fresh, progress=progress,

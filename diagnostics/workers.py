@@ -2,9 +2,10 @@
 
 The demo is a list of independent fits: each (model, method) on the model's comparison data, and each
 (model, section, method) of a real-data section. ``run_demo`` runs them (``fit_job``) in a ``WorkerPool`` of
-``workers`` processes, slowest kind first, each fit written to the very path, with the very run stamp, that the
-in-process pipeline of ``diagnostics.compare`` writes; then each model's pages (``page_job``: ``compare_model``
-and ``compare_real_data``) are written in the workers, reusing those trees. So the parallel demo and the
+``workers`` processes, longest first (``demo_jobs``), each fit written to the very path, with the very run stamp,
+that the in-process pipeline of ``diagnostics.compare`` writes; each model's pages (``page_job``:
+``compare_model`` and ``compare_real_data``) are written in the workers, reusing those trees, as soon as that
+model's fits are done and a worker is free of fits. So the parallel demo and the
 in-process one give the same trees and the same pages, and an interrupted parallel run resumes like an
 in-process one (each tree is written atomically when its fit ends, ``inference.save``).
 
@@ -32,7 +33,10 @@ from typing import Any
 Log = Callable[[str], None]
 
 # Fits that take longest go first, so that the last fit to start is a short one (longest-processing-time
-# scheduling). Only the order depends on this rank; every fit runs.
+# scheduling). Only the order depends on this rank; every fit runs. First the demo's long poles, on their
+# comparison data (the binary ssgp NUTS candidates: the Gaussian augmentation samples one latent per
+# observation; benchmarks/results.md, "demo_workers"), then NUTS, then SVI, then the kernels.
+_LONG_POLES = (("ssgp_probit", "nuts"), ("ssgp_logit", "nuts"))
 _SLOW_FIRST = {"nuts": 0, "svi": 1}
 
 
@@ -48,6 +52,25 @@ class FitJob:
     @property
     def label(self) -> str:
         return "/".join(p for p in (self.model, self.section, self.method) if p)
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One call for a ``WorkerPool``: ``fn(*args)`` in a worker (a module-level function that returns ``(result,
+    pid)``), logged as ``[k/n what] label``, started only once every call named in ``needs`` (as ``(what,
+    label)``) has finished."""
+
+    what: str
+    label: str
+    fn: Callable
+    args: tuple
+    needs: frozenset[tuple[str, str]] = frozenset()
+
+
+def _rank(job: FitJob) -> tuple[int, int]:
+    if job.section is None and (job.model, job.method) in _LONG_POLES:
+        return 0, _LONG_POLES.index((job.model, job.method))
+    return 1 + _SLOW_FIRST.get(job.method, len(_SLOW_FIRST)), 0
 
 
 def default_workers() -> int:
@@ -68,13 +91,13 @@ def check_workers(workers: int | None, name: str = "workers") -> int:
 
 
 def demo_jobs(plan: Sequence[tuple[str, Sequence[str], Sequence[tuple[str, Sequence[str]]]]]) -> list[FitJob]:
-    """The fits of a demo ``plan`` (``[(model, methods, [(section, methods), ...]), ...]``), slowest kind first
-    (NUTS, then SVI, then the kernels), in the plan's order within a kind."""
+    """The fits of a demo ``plan`` (``[(model, methods, [(section, methods), ...]), ...]``), longest first: the
+    long poles (``_LONG_POLES``), then NUTS, then SVI, then the kernels, in the plan's order within a kind."""
     jobs = []
     for model, methods, sections in plan:
         jobs += [FitJob(model, m) for m in methods]
         jobs += [FitJob(model, m, section) for section, section_methods in sections for m in section_methods]
-    return sorted(jobs, key=lambda job: _SLOW_FIRST.get(job.method, len(_SLOW_FIRST)))
+    return sorted(jobs, key=_rank)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -141,6 +164,24 @@ def page_job(model: str, methods: Sequence[str], out: str | os.PathLike, seed: i
 # In the calling process
 # ------------------------------------------------------------------------------------------------
 
+def _check_calls(calls: Sequence[Call]) -> None:
+    """Every (what, label) once, every prerequisite a call, and an order that meets them all (no cycle)."""
+    keys = [(c.what, c.label) for c in calls]
+    if len(set(keys)) != len(keys):
+        raise ValueError("calls: a (what, label) is given twice")
+    unknown = sorted({need for c in calls for need in c.needs} - set(keys))
+    if unknown:
+        raise ValueError(f"calls: prerequisites that are no call: {unknown}")
+    met: set[tuple[str, str]] = set()
+    left = list(calls)
+    while left:
+        ready = [c for c in left if c.needs <= met]
+        if not ready:
+            raise ValueError(f"calls: prerequisites in a cycle: {sorted((c.what, c.label) for c in left)}")
+        met |= {(c.what, c.label) for c in ready}
+        left = [c for c in left if c not in ready]
+
+
 class WorkerPool:
     """``workers`` spawned processes (``with WorkerPool(n, log) as pool``) that run module-level functions
     (``pool.run``), each worker's log lines passed to ``log`` as they come."""
@@ -167,29 +208,45 @@ class WorkerPool:
                 return
 
     def run(self, what: str, calls: Sequence[tuple[str, Callable, tuple]]) -> dict[str, Any]:
-        """Run every ``(label, function, args)`` of ``calls`` (the function returns ``(result, pid)``), logging
-        ``[k/n] label`` with its seconds as each ends; returns ``{label: result}``. The first failure cancels
-        the calls not started and is raised as a ``RuntimeError`` naming it, with the worker's error as its
-        cause (what finished stays written, so a rerun resumes)."""
+        """Run every ``(label, function, args)`` of ``calls`` (``run_calls`` with no prerequisites); returns
+        ``{label: result}``."""
+        done = self.run_calls([Call(what, label, fn, args) for label, fn, args in calls])
+        return {label: result for (_, label), result in done.items()}
+
+    def run_calls(self, calls: Sequence[Call]) -> dict[tuple[str, str], Any]:
+        """Run every call, at most ``workers`` at a time: whenever a worker is free, the first call in ``calls``'
+        order whose prerequisites (``Call.needs``) have all finished starts there. Logs ``[k/n what] label``
+        with its seconds as each ends; returns ``{(what, label): result}``. The first failure cancels the calls
+        not started and is raised as a ``RuntimeError`` naming it, with the worker's error as its cause (what
+        finished stays written, so a rerun resumes). Prerequisites that are no call or form a cycle are a
+        ``ValueError`` naming ``calls``, raised before anything runs."""
+        _check_calls(calls)
+        totals = {what: sum(c.what == what for c in calls) for what in dict.fromkeys(c.what for c in calls)}
+        counts = dict.fromkeys(totals, 0)
         t0 = time.time()
-        futures: dict[Future, str] = {self._pool.submit(fn, *args): label for label, fn, args in calls}
-        started = {future: time.time() for future in futures}
-        pending, results = set(futures), {}
+        waiting, results = list(calls), {}
+        running: dict[Future, tuple[Call, float]] = {}
         try:
-            while pending:
-                done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+            while waiting or running:
+                while waiting and len(running) < self.workers:
+                    ready = next((c for c in waiting if c.needs <= results.keys()), None)
+                    if ready is None:
+                        break
+                    waiting.remove(ready)
+                    running[self._pool.submit(ready.fn, *ready.args)] = (ready, time.time())
+                done, _ = wait(running, timeout=0.25, return_when=FIRST_COMPLETED)
                 self._drain()
                 for future in done:
-                    label = futures[future]
+                    call, started = running.pop(future)
                     error = future.exception()
                     if error is not None:
-                        raise RuntimeError(f"{what} {label} failed in its worker: {error}") from error
-                    results[label], pid = future.result()
-                    self.log(f"[{len(results)}/{len(futures)} {what}] {label} done in worker pid {pid} "
-                             f"({time.time() - started[future]:.0f} s since queued, {time.time() - t0:.0f} s "
-                             f"since the start)")
+                        raise RuntimeError(f"{call.what} {call.label} failed in its worker: {error}") from error
+                    results[(call.what, call.label)], pid = future.result()
+                    counts[call.what] += 1
+                    self.log(f"[{counts[call.what]}/{totals[call.what]} {call.what}] {call.label} done in worker pid "
+                             f"{pid} ({time.time() - started:.0f} s, {time.time() - t0:.0f} s since the start)")
         except BaseException:
-            for future in pending:
+            for future in running:
                 future.cancel()
             raise
         return results

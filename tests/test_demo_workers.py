@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 import inference
+import zoo
 from diagnostics import workers as pool
 from diagnostics.compare import run_demo
 from diagnostics.report import SUMMARY
@@ -23,6 +25,85 @@ def test_demo_jobs_cover_every_pair_and_section_slowest_kind_first():
     assert sorted(j.label for j in jobs) == sorted(["a/vbem", "a/nuts", "a/svi", "a/real_x/vbem", "a/real_x/em",
                                                     "b/em", "b/nuts"])
     assert [j.method for j in jobs[:3]] == ["nuts", "nuts", "svi"]
+
+
+def test_the_binary_ssgp_nuts_candidates_start_first_then_nuts_svi_and_the_kernels():
+    """Longest-processing-time order on the registry's own demo plan: the two binary ssgp NUTS fits (the demo's
+    long poles, one per worker) before every other fit; then every NUTS fit, every SVI fit, the kernels; a
+    real-data section's NUTS fit is not a long pole."""
+    plan = [(m, inference.methods_for(m), [("real_x", ["vbem", "nuts"])] if m == "ssgp_logit" else [])
+            for m in zoo.list_models() if m.startswith(("ssgp", "hlcr", "ppca", "bpca"))]
+    jobs = pool.demo_jobs(plan)
+    assert [j.label for j in jobs[:2]] == ["ssgp_probit/nuts", "ssgp_logit/nuts"]
+    kinds = [0 if j.method == "nuts" else 1 if j.method == "svi" else 2 for j in jobs[2:]]
+    assert kinds == sorted(kinds) and kinds.count(0) == 1 + sum("nuts" in methods for _, methods, _ in plan) - 2
+    assert "ssgp_logit/real_x/nuts" in [j.label for j in jobs[2:] if j.method == "nuts"]
+
+
+def _threads_pool(workers: int) -> pool.WorkerPool:
+    """A WorkerPool whose workers are threads (the scheduling is the pool's own; nothing is spawned)."""
+    import queue
+    from concurrent.futures import ThreadPoolExecutor
+
+    wp = pool.WorkerPool(workers, log=lambda _: None)
+    wp._lines, wp._pool = queue.Queue(), ThreadPoolExecutor(max_workers=workers)
+    return wp
+
+
+def test_calls_start_in_order_when_a_worker_is_free_and_only_after_their_prerequisites():
+    """2 workers, fits a (long), b, c, d (short), then the pages of A (needs a) and of B (needs b). Each call's
+    start and end are stamped: at most 2 run at once, the fits start in their order, each page starts after its
+    fits ended and after every fit started, and page B does not wait for the long fit a."""
+    import threading
+
+    stamps: dict[str, list[float]] = {}
+    lock = threading.Lock()
+    running = [0, 0]                                   # now, most at once
+
+    def work(label: str, seconds: float):
+        with lock:
+            stamps[label] = [time.monotonic()]
+            running[0] += 1
+            running[1] = max(running)
+        time.sleep(seconds)
+        with lock:
+            running[0] -= 1
+            stamps[label].append(time.monotonic())
+        return label.upper(), os.getpid()
+
+    calls = [pool.Call("fit", x, work, (x, t)) for x, t in [("a", 1.0), ("b", 0.05), ("c", 0.05), ("d", 0.05)]]
+    calls += [pool.Call("pages of", "A", work, ("A", 0.05), frozenset({("fit", "a")})),
+              pool.Call("pages of", "B", work, ("B", 0.05), frozenset({("fit", "b")}))]
+    wp = _threads_pool(2)
+    with wp._pool:
+        results = wp.run_calls(calls)
+    assert results == {(c.what, c.label): c.label.upper() for c in calls}
+    assert running[1] == 2
+    starts = {k: v[0] for k, v in stamps.items()}
+    assert starts["a"] <= starts["b"] <= starts["c"] <= starts["d"]
+    assert stamps["A"][0] >= stamps["a"][1] and stamps["B"][0] >= stamps["b"][1]
+    assert min(starts["A"], starts["B"]) >= starts["d"]
+    assert stamps["B"][1] <= stamps["a"][1]              # the short page ran beside the long fit
+
+
+def test_prerequisites_that_are_no_call_or_a_cycle_are_refused_before_anything_runs():
+    ran = []
+
+    def work():
+        ran.append(1)
+        return None, os.getpid()
+
+    wp = _threads_pool(2)
+    with wp._pool:
+        with pytest.raises(ValueError, match=r"^calls: prerequisites that are no call: \[\('fit', 'z'\)\]"):
+            wp.run_calls([pool.Call("fit", "a", work, ()),
+                          pool.Call("pages of", "A", work, (), frozenset({("fit", "z")}))])
+        with pytest.raises(ValueError, match="^calls: prerequisites in a cycle"):
+            wp.run_calls([pool.Call("fit", "a", work, (), frozenset({("fit", "b")})),
+                          pool.Call("fit", "b", work, (), frozenset({("fit", "a")})), pool.Call("fit", "c", work, ())])
+        with pytest.raises(ValueError, match="^calls: a \\(what, label\\) is given twice"):
+            wp.run_calls([pool.Call("fit", "a", work, ()), pool.Call("fit", "a", work, ())])
+    assert ran == []
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
