@@ -8,12 +8,14 @@ STAMP := $(VENV)/.installed
 PYTHON_CANDIDATES := python3.12 python3.13 python3.14 python3 python
 # The persistent JAX compilation cache makes the second compile of a kernel ~5x cheaper.
 export BAYES_ZOO_JAX_CACHE ?= $(CURDIR)/.jax_cache
+# make test: pytest-xdist worker processes. Tracing and XLA compilation, most of the suite, run on one core each.
+TEST_WORKERS ?= 2
 
 .PHONY: demo test test-all bench notebooks docs references lint venv clean help
 
 help:
 	@echo "make demo        fit every model with every method, write the HTML report (zoo demo)"
-	@echo "make test        the CI suite (fast tests + notebooks in FAST mode), about 17 min cold on the 2-core CI box"
+	@echo "make test        the CI suite (fast tests + notebooks in FAST mode) in TEST_WORKERS=2 processes"
 	@echo "make test-all    everything, including @pytest.mark.slow statistical runs and Ray"
 	@echo "make bench       run benchmarks/ and write benchmarks/results.md"
 	@echo "make notebooks   execute notebooks at full size into notebooks/_build/"
@@ -49,7 +51,7 @@ demo: $(STAMP)
 	$(VENV)/bin/zoo demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" --durations=25
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 test-all: $(STAMP)
 	$(PY) -m pip install -q -e '.[dev,distributed]'

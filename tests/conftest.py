@@ -92,24 +92,102 @@ def _release_compiled_programs():
         release_compiled_programs()
 
 
+# Under pytest-xdist (``make test``: ``-n 2 --dist loadfile``) each test module runs whole in one worker, and the
+# workers take modules in collection order. These modules take longest (benchmarks/results.md, "test_suite"), so
+# they are collected first: the last module a worker takes is a short one (longest-processing-time order).
+LONGEST_MODULES = ("test_contract.py", "test_notebooks.py", "test_log_q.py", "test_hostile_input.py",
+                   "test_diagnostics_references.py", "test_hlcr_gibbs.py", "test_ssgp_vb.py",
+                   "test_nuts_reformulations.py", "test_hlcr_gibbs_blocked.py", "test_fedhlcr.py",
+                   "test_real_data.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """In an xdist worker, the modules of ``LONGEST_MODULES`` first (in that order), the rest as collected; the
+    tests of a module keep their order. Every worker sorts alike, so their collections stay identical."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 _SESSION_WATCH = None
+_WATCH_RUNNING = False
+# Per-worker figures that the xdist workers hand to the controller (``pytest_testnodedown``).
+_WORKER_REPORTS: dict[str, dict] = {}
+
+
+def _cpu_seconds(children: bool = True) -> float:
+    """User + system CPU seconds of this process and (``children``) of its waited-for children (notebook kernels,
+    spawned demo workers)."""
+    import resource
+
+    used = [resource.getrusage(resource.RUSAGE_SELF)]
+    if children:
+        used.append(resource.getrusage(resource.RUSAGE_CHILDREN))
+    return sum(u.ru_utime + u.ru_stime for u in used)
+
+
+def _figures() -> dict:
+    """This process's JAX compile figures and CPU seconds since the session began."""
+    import resource
+
+    watch = _SESSION_WATCH
+    return {"wall": watch.wall_seconds, "compile": watch.compile_seconds, "spans": watch.compile_events,
+            "xla": len(watch.xla_compiles), "cpu": _cpu_seconds(),
+            "max_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
 
 def pytest_sessionstart(session):
     """Time JAX's tracing, lowering and XLA compilation over the whole run (``inference._timing.Stopwatch``), so
     the summary can say how much of the suite is compilation."""
-    global _SESSION_WATCH
+    global _SESSION_WATCH, _WATCH_RUNNING
     from inference._timing import Stopwatch
 
-    _SESSION_WATCH = Stopwatch().__enter__()
+    _SESSION_WATCH, _WATCH_RUNNING = Stopwatch().__enter__(), True
+
+
+def _stop_watch() -> None:
+    global _WATCH_RUNNING
+    if _WATCH_RUNNING:
+        _SESSION_WATCH.__exit__(None, None, None)
+        _WATCH_RUNNING = False
+
+
+def pytest_sessionfinish(session):
+    """An xdist worker hands its figures to the controller, which prints them in its summary."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None and _SESSION_WATCH is not None:
+        _stop_watch()
+        workeroutput["bayes_zoo_figures"] = _figures()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist: keep a finished worker's figures (``pytest_sessionfinish`` above) for the summary."""
+    figures = getattr(node, "workeroutput", {}).get("bayes_zoo_figures")
+    if figures is not None:
+        _WORKER_REPORTS[node.gateway.id] = figures
 
 
 def pytest_terminal_summary(terminalreporter):
     if _SESSION_WATCH is None:
         return
-    _SESSION_WATCH.__exit__(None, None, None)
-    wall, compiled = _SESSION_WATCH.wall_seconds, _SESSION_WATCH.compile_seconds
-    terminalreporter.write_line(f"JAX tracing + lowering + XLA compilation: {compiled:.0f} s of {wall:.0f} s wall "
-                                f"({100 * compiled / max(wall, 1e-9):.0f} %), {_SESSION_WATCH.compile_events} spans "
-                                f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})")
-
+    _stop_watch()
+    flags = f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})"
+    if not _WORKER_REPORTS:
+        f = _figures()
+        terminalreporter.write_line(
+            f"JAX tracing + lowering + XLA compilation: {f['compile']:.0f} s of {f['wall']:.0f} s wall "
+            f"({100 * f['compile'] / max(f['wall'], 1e-9):.0f} %), {f['spans']} spans, {f['xla']} XLA programs; "
+            f"{f['cpu']:.0f} CPU-seconds, peak resident {f['max_rss_gib']:.1f} GiB {flags}")
+        return
+    wall = _SESSION_WATCH.wall_seconds
+    total = {k: sum(r[k] for r in _WORKER_REPORTS.values()) for k in ("compile", "spans", "xla", "cpu")}
+    terminalreporter.write_line(
+        f"JAX tracing + lowering + XLA compilation over {len(_WORKER_REPORTS)} workers: {total['compile']:.0f} s "
+        f"(worker-seconds) in {wall:.0f} s wall, {total['spans']} spans, {total['xla']} XLA programs; "
+        f"{total['cpu']:.0f} CPU-seconds, and {_cpu_seconds(children=False):.0f} in the controller {flags}")
+    for name, r in sorted(_WORKER_REPORTS.items()):
+        terminalreporter.write_line(
+            f"  {name}: {r['wall']:.0f} s wall, {r['compile']:.0f} s compiling, {r['spans']} spans, {r['xla']} XLA "
+            f"programs, {r['cpu']:.0f} CPU-seconds, peak resident {r['max_rss_gib']:.1f} GiB")
