@@ -95,8 +95,8 @@ def _release_compiled_programs():
 # Under pytest-xdist (``make test``: ``-n 2 --dist loadfile``) each test module runs whole in one worker, and the
 # workers take modules in collection order. These modules take longest (benchmarks/results.md, "test_suite"), so
 # they are collected first: the last module a worker takes is a short one (longest-processing-time order).
-LONGEST_MODULES = ("test_contract.py", "test_notebooks.py", "test_log_q.py", "test_hostile_input.py",
-                   "test_diagnostics_references.py", "test_hlcr_gibbs.py", "test_ssgp_vb.py",
+LONGEST_MODULES = ("test_contract.py", "test_notebooks.py", "test_docs.py", "test_log_q.py",
+                   "test_hostile_input.py", "test_diagnostics_references.py", "test_hlcr_gibbs.py", "test_ssgp_vb.py",
                    "test_nuts_reformulations.py", "test_hlcr_gibbs_blocked.py", "test_fedhlcr.py",
                    "test_real_data.py")
 
