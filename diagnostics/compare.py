@@ -267,9 +267,13 @@ def run_demo(out: Path, models: Sequence[str] | None = None, *, methods: Mapping
         for dataset, page in compare_real_data(spec, out, seed=seed, fresh=fresh, progress=progress,
                                                log=log).items():
             pages[f"{spec.name} / real data: {dataset}"] = page
+    def quiet(line: str) -> None:               # the ladders' pages reuse the workers' trees, as the workers' pages do
+        if not (": reusing " in line and line.endswith(".nc")):
+            log(line)
+
     for i, name in enumerate(laddered if workers > 1 else [], 1):   # trees on disk: the ladders, then the page
         log(f"[ladder {i}/{len(laddered)}] {name}")
-        pages[name] = compare_model(name, chosen[name], out, seed=seed, progress=progress, ladder=True, log=log)
+        pages[name] = compare_model(name, chosen[name], out, seed=seed, progress=progress, ladder=True, log=quiet)
     left_out = [spec.name for spec in specs if spec.name not in laddered]
     note = None
     if laddered or left_out:
