@@ -226,14 +226,17 @@ def estimate_memory(spec, data: Mapping[str, np.ndarray], hyper: Mapping[str, An
 
 
 def check_memory(spec, data: Mapping[str, np.ndarray], hyper: Mapping[str, Any], options: Mapping[str, Any],
-                 defaults: Mapping[str, Any], model_kwargs: Mapping[str, Any] | None = None) -> Estimate:
-    """The ``Estimate`` of this fit, or a ``ValueError`` when it passes ``memory_limit()``: it names the option
-    or hyperparameter that, set back to its default (``defaults``: the method's option defaults and the model's
-    hyperparameter defaults), lowers the estimate most (else the largest data field), the estimate with its
-    formula, and the limit with where it comes from. ``model_kwargs`` as for ``estimate_memory``."""
-    estimate = estimate_memory(spec, data, hyper, options, model_kwargs)
+                 defaults: Mapping[str, Any], model_kwargs: Mapping[str, Any] | None = None) -> Estimate | None:
+    """The ``Estimate`` of this fit (None when the limit is off), or a ``ValueError`` when it passes
+    ``memory_limit()``: it names the option or hyperparameter that, set back to its default (``defaults``: the
+    method's option defaults and the model's hyperparameter defaults), lowers the estimate most (else the largest
+    data field), the estimate with its formula, and the limit with where it comes from. ``model_kwargs`` as for
+    ``estimate_memory``."""
     limit, source = memory_limit()
-    if limit is None or estimate.nbytes <= limit:
+    if limit is None:   # off: nothing to hold the estimate to, so nothing traced
+        return None
+    estimate = estimate_memory(spec, data, hyper, options, model_kwargs)
+    if estimate.nbytes <= limit:
         return estimate
     given = {**hyper, **options}
 
