@@ -19,20 +19,22 @@ This module runs them:
 
 * ``run_until_converged``: optimisation kernels (VB, EM, ADMM), one stopping rule API (``StopRule``),
   restarts vectorised with ``vmap`` (the best final objective wins; one restart runs without ``vmap``),
-  compiled chunks of at most ``chunk`` steps, each a ``while_loop`` that ends when every restart has stopped,
-  with a progress bar between chunks (no bar: one chunk for the whole run); a run that has converged is
-  frozen while the others go on, so the result equals a ``while_loop`` per restart.
+  calls of at most ``chunk`` steps, each a ``while_loop`` that ends when every restart has stopped, with a
+  progress bar between calls (no bar: one call for the whole run); a run that has converged is frozen while
+  the others go on, so the result equals a ``while_loop`` per restart.
   ``Info.may_stop`` (optional boolean field) vetoes the stopping rule at a step.
 * ``sample_chains``: Markov kernels (Gibbs), ``num_chains`` chains vectorised, ``num_warmup`` steps
-  dropped, every ``thinning``-th of the next ``num_samples * thinning`` steps kept (selected on the host).
+  dropped, every ``thinning``-th of the next ``num_samples * thinning`` steps kept (selected in the program).
 
-Host round trips and dispatches are few on purpose (issue 17): every chunk costs one call and one transfer, the
-start (key splitting and ``init``) is one compiled call, and nothing is indexed on the device per chunk.
+Each runs as **one** compiled program per kernel, whatever the budgets: ``max_iter``, ``tol``, ``num_warmup``,
+``num_samples``, ``thinning`` and the key are arguments of the program, the start (key splitting and ``init``)
+and the pick of the best restart are inside it, and its output buffer has a fixed number of rows (``ROWS``): a
+longer run calls it again from its carry. Host round trips are few on purpose (issue 17): every call costs one
+dispatch and one transfer, and nothing is indexed on the device between calls.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -41,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from inference import programs
+from inference import host_keys, programs
 from inference.progress import progress_enabled
 
 Kernel = Callable[..., Any]
@@ -93,8 +95,8 @@ def strongly_typed(tree):
     """``tree`` with every weakly typed numeric leaf (a Python scalar, ``jnp.asarray(0.0)``, ``x * 2.0`` of one)
     made strongly typed, values and dtypes unchanged. A kernel's ``init`` often returns weak leaves that its
     ``step`` returns strong: ``lax.scan`` promotes the carry, so the chunk's *output* state has other types
-    than its input, and the second chunk compiled the whole program again (measured: ssgp vb on 48 points
-    compiled ``run_chunk`` twice, 4.9 s + 7.0 s)."""
+    than its input, and the second call compiled the whole program again (benchmarks/results.md, "strongly typed
+    carry")."""
 
     def strong(a):
         if jax.dtypes.issubdtype(jnp.result_type(a), jax.dtypes.extended):
@@ -111,90 +113,121 @@ def run_until_converged(init: Kernel, step: Kernel, problem: Any, key: jax.Array
 
     Restart ``r`` starts from ``init(k_r, problem)`` (``k_r`` the r-th of ``jax.random.split(key,
     num_restarts)``; or from ``init_state``, a State with a leading restart axis) and its step ``t`` gets
-    the key ``fold_in(k_r, t)``. Steps run in compiled chunks of at most ``chunk`` steps (default: with a
-    progress bar, a twentieth of ``max_iter``, at least 50; without one, the whole of ``max_iter`` in one
-    chunk unless its per-step ``Info`` would pass ``INFO_BUFFER_BYTES``: every chunk costs a host round
-    trip); a restart whose rule has fired keeps its state and objective (its trace is cut at ``n_iter``);
-    a chunk ends early once all have stopped. Raises ``FloatingPointError`` if the best objective is not
-    finite. ``start_from_key`` (one restart only): the run starts from ``init(key, problem)`` itself, its steps
-    keep the keys above (what an ``init_state`` of ``init(key, problem)`` gives, inside the compiled program).
+    the key ``fold_in(k_r, t)``. The run is one compiled program (``_optimiser_program``), called once without a
+    progress bar and once per ``chunk`` steps with one (default: a twentieth of ``max_iter``, at least 50); a
+    call also ends when its per-step ``Info`` buffer is full (``ROWS`` steps, fewer where ``Info`` is large), and
+    the next call goes on from its carry. ``max_iter``, ``tol`` and ``tol_residual`` are arguments of that
+    program, not constants: fits that differ only in them, or in the key, share it. A restart whose rule has
+    fired keeps its state and objective (its trace is cut at ``n_iter``); a call ends early once all have
+    stopped. Raises ``FloatingPointError`` if the best objective is not finite. ``start_from_key`` (one restart
+    only): the run starts from ``init(key, problem)`` itself, its steps keep the keys above.
+
+    ``num_restarts`` stays a constant of the program: it is the width of the ``vmap`` over restarts (the shape of
+    every state leaf), and padding it to a bucket would make every step of every fit compute the padded restarts.
     """
     if num_restarts < 1:
         raise ValueError(f"num_restarts: expected a positive integer, got {num_restarts!r}")
     if start_from_key and num_restarts != 1:
         raise ValueError(f"start_from_key: only for one restart, got num_restarts={num_restarts!r}")
+    max_iter = int(rule.max_iter)
     shown = progress_enabled(progress)
     if chunk is None:
-        chunk = max(50, -(-rule.max_iter // 20)) if shown else rule.max_iter
-    chunk = max(1, min(int(chunk), rule.max_iter))
-    chunk_fn = _optimiser_chunk(step, rule, chunk, num_restarts == 1)
-    first_fn = chunk_fn
-    if init_state is None and chunk == rule.max_iter:   # one chunk: start and run in one program (one compile)
-        first_fn = _optimiser_start_and_run(init, step, rule, chunk, num_restarts, start_from_key)
-        keys = key
-    elif init_state is None:
-        keys, init_state = _optimiser_start(init, num_restarts, start_from_key)(key, problem)
+        chunk = max(50, -(-max_iter // 20)) if shown else max_iter
+    chunk = max(1, min(int(chunk), max_iter))
+    fresh = init_state is None
+    program = _optimiser_program(init if fresh else None, step, rule.kind, rule.tol_residual is not None,
+                                 num_restarts, start_from_key)
+    if fresh:
+        state = _zeros_like(_start_shapes(init, num_restarts, start_from_key, key, problem))
     else:
-        keys, init_state = jax.random.split(key, num_restarts), strongly_typed(init_state)
-    carry = None if init_state is None else (init_state, *_fresh_flags(num_restarts))
-    infos, taken = [], 0
-    bar = tqdm(total=rule.max_iter, desc=desc, disable=not shown, leave=False)
-    while taken < rule.max_iter:
-        if taken == 0 and first_fn is not chunk_fn:
-            keys, carry, info = first_fn(key, problem)
-        else:
-            carry, info = chunk_fn(carry, keys, problem)
-        info, done = jax.device_get((info, carry[2]))
-        infos.append(info)
-        rows = jax.tree.leaves(info)[0].shape[0]
+        state = strongly_typed(init_state)
+    carry = (state, *_fresh_flags(num_restarts))
+    tol_residual = 0.0 if rule.tol_residual is None else rule.tol_residual
+    infos, taken, start = [], 0, fresh
+    bar = tqdm(total=max_iter, desc=desc, disable=not shown, leave=False)
+    while taken < max_iter:
+        budget = (np.int32(max_iter), np.float64(rule.tol), np.float64(tol_residual),
+                  np.int32(min(chunk, max_iter - taken)))
+        carry, info, rows, best, picked = program(carry, key, problem, budget, np.bool_(start))
+        start = False
+        info, done, rows = jax.device_get((info, carry[2], rows))
+        rows = int(rows)
+        infos.append(jax.tree.map(lambda a, r=rows: a[:r], info))
         taken += rows
-        bar.update(min(rows, rule.max_iter - bar.n))
+        bar.update(min(rows, max_iter - bar.n))
         if np.all(done):
             break
     bar.close()
-    state, f, done, conv, it = carry
-    finals, conv, it = jax.device_get((f, conv, it))
-    best = int(np.argmax(np.where(np.isfinite(finals), finals, -np.inf)))
+    _, f, done, conv, it = carry
+    finals, conv, it, best = jax.device_get((f, conv, it, best))
+    best = int(best)
     if not np.isfinite(finals[best]):
         raise FloatingPointError(f"{desc or 'kernel'}: the objective became non-finite ({finals[best]})")
     n_iter = int(it[best])
     info = jax.tree.map(lambda *a: np.concatenate([b[:, best] for b in a], axis=0)[:n_iter], *infos)
-    return Run(_pick(state, best), info, float(finals[best]), bool(conv[best]), n_iter, finals, best)
+    return Run(picked, info, float(finals[best]), bool(conv[best]), n_iter, finals, best)
 
 
-INFO_BUFFER_BYTES = 64 * 2**20   # the most a default chunk's per-step Info buffer may take (all restarts)
+INFO_BUFFER_BYTES = 64 * 2**20   # the most one call's per-step output buffer may take (all restarts or chains)
+ROWS = 1024   # steps (optimiser) or kept draws (sampler) one call buffers at most: fixed, so no budget shapes it
 
 
 def _fresh_flags(num_restarts: int):
-    """``_flags`` on the host, in NumPy (a compiled program takes them as it takes its own outputs; built with
-    JAX operations one at a time, they compiled six small programs)."""
+    """(objective, done, converged, steps) before the first step, per restart, in NumPy on the host (a compiled
+    program takes them as it takes its own outputs; built with JAX operations one at a time, they compiled six
+    small programs)."""
     return (np.full(num_restarts, -np.inf), np.zeros(num_restarts, bool), np.zeros(num_restarts, bool),
             np.zeros(num_restarts, np.int32))
 
 
 def _flags(num_restarts: int):
-    """(objective, done, converged, steps) before the first step, per restart."""
+    """``_fresh_flags`` inside a program."""
     return (jnp.full(num_restarts, -jnp.inf, dtype=float), jnp.zeros(num_restarts, bool),
             jnp.zeros(num_restarts, bool), jnp.zeros(num_restarts, jnp.int32))
 
 
-@jax.jit
-def _pick(tree, i):
-    """Restart ``i`` of every leaf, in one compiled call (not one dispatch per leaf)."""
-    return jax.tree.map(lambda a: a[i], tree)
+def _zeros_like(shapes):
+    """Host zeros of these shapes and dtypes (a key leaf: the key of zero words), the carry a fresh run's first
+    call replaces by its own start (the program's argument types, nothing more)."""
+
+    def zero(s):
+        if jax.dtypes.issubdtype(s.dtype, jax.dtypes.prng_key):
+            data = jax.eval_shape(jax.random.key_data, s)
+            return jax.random.wrap_key_data(np.zeros(data.shape, data.dtype), impl=s.dtype._impl)
+        return np.zeros(s.shape, s.dtype)
+
+    return jax.tree.map(zero, shapes)
 
 
-@programs.cached(maxsize=64)
-def _optimiser_start(init: Kernel, num_restarts: int, start_from_key: bool = False):
-    """Key splitting and every restart's ``init`` in one compiled call: (keys, strongly typed states);
-    ``start_from_key``: the one restart starts from ``init(key)``."""
+def _shape_key(tree) -> tuple:
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((tuple(np.shape(a)), str(jax.numpy.result_type(a)), getattr(a, "weak_type", False))
+                          for a in leaves)
+
+
+_SHAPES: dict = {}
+
+
+def _start_shapes(init: Kernel, width: int, start_from_key: bool, key, problem, chains: bool = False):
+    """The shapes and dtypes of every restart's (or chain's) strongly typed ``init`` state, traced abstractly
+    once per kernel and problem shapes (kept, so a second fit traces nothing)."""
+    cache_key = (programs.program_key(init), width, start_from_key, chains, _shape_key((key, problem)))
+    if cache_key not in _SHAPES:
+        start = _sampler_start_fn(init, width) if chains else _optimiser_start_fn(init, width, start_from_key)
+        _SHAPES[cache_key] = jax.eval_shape(start, key, problem)
+        while len(_SHAPES) > 256:
+            _SHAPES.pop(next(iter(_SHAPES)))
+    return _SHAPES[cache_key]
+
+
+def _optimiser_start_fn(init: Kernel, num_restarts: int, start_from_key: bool):
+    """Every restart's ``init`` from ``key`` (strongly typed states with a leading restart axis)."""
 
     def start(key, problem):
-        keys = jax.random.split(key, num_restarts)
-        init_keys = key[None] if start_from_key else keys
-        return keys, strongly_typed(jax.vmap(init, in_axes=(0, None))(init_keys, problem))
+        init_keys = key[None] if start_from_key else jax.random.split(key, num_restarts)
+        return strongly_typed(jax.vmap(init, in_axes=(0, None))(init_keys, problem))
 
-    return jax.jit(start)
+    return start
 
 
 def _one_restart_step(step: Kernel, rule: StopRule):
@@ -215,47 +248,50 @@ def _one_restart_step(step: Kernel, rule: StopRule):
     return one
 
 
-@programs.cached(maxsize=64)
-def _optimiser_start_and_run(init: Kernel, step: Kernel, rule: StopRule, chunk: int, num_restarts: int,
-                             start_from_key: bool = False):
-    """``_optimiser_start`` then the first chunk (``_optimiser_chunk``), one compiled program: (keys, carry,
-    Info buffer). Used when one chunk may cover the run (no progress bar): a separate start program cost a
-    compilation of ``init`` of its own (gp_alps svi_concrete: 1.3 s of 10)."""
-    start = _optimiser_start(init, num_restarts, start_from_key).__wrapped__
-    run_chunk = _optimiser_chunk(step, rule, chunk, num_restarts == 1).__wrapped__
-
-    def start_and_run(key, problem):
-        keys, state = start(key, problem)
-        return keys, *run_chunk((state, *_flags(num_restarts)), keys, problem)
-
-    return jax.jit(start_and_run)
+def _buffer_rows(shapes, leading: int = 1) -> int:
+    """Rows of a per-step output buffer: ``ROWS``, fewer where a row of ``shapes`` would pass
+    ``INFO_BUFFER_BYTES``."""
+    per_step = sum(int(np.prod(s.shape)) * s.dtype.itemsize for s in jax.tree.leaves(shapes)) * leading
+    return max(1, min(ROWS, INFO_BUFFER_BYTES // max(per_step, 1)))
 
 
 @programs.cached(maxsize=64)
-def _optimiser_chunk(step: Kernel, rule: StopRule, chunk: int, single: bool):
-    """One compiled chunk of at most ``rows`` steps for every restart (cached per kernel, rule and chunk, so
-    repeated fits in one process trace once), ``rows = chunk`` unless the per-step ``Info`` of all restarts
-    times ``chunk`` passes ``INFO_BUFFER_BYTES``: a ``while_loop`` that ends when every restart has stopped or
-    ``rows`` steps are taken, so a run costs the steps it needs and no step pays for more than the loop's own
-    test. Each step's ``Info`` goes to row ``i`` of a ``(rows, restarts, ...)`` buffer; rows after the loop
-    ended stay zero and are never read (the trace is cut at ``n_iter``). ``single``: one restart, stepped
-    without ``vmap`` (the restart axis is dropped inside the program). An ``Info`` with a boolean field
-    ``may_stop`` vetoes the rule where it is False (a kernel whose convergence needs more than a small change
-    of the objective)."""
-    one = _one_restart_step(step, rule)
-    every = jax.jit(one if single else jax.vmap(one, in_axes=(0, 0, None)))   # traced once: eval_shape + loop
+def _optimiser_program(init: Kernel | None, step: Kernel, kind: str, residual: bool, num_restarts: int,
+                       start_from_key: bool = False):
+    """The whole optimiser run as one compiled program of ``(carry, key, problem, budget, start)``, cached per
+    kernel, rule kind and restart count (so repeated fits in one process trace once). ``budget = (max_iter,
+    tol, tol_residual, limit)`` are arguments: fits that differ only in them share the program.
 
-    def run_chunk(carry, keys, problem):
+    ``start`` (a fresh run's first call; ``init`` given): the carry is replaced by every restart's ``init``
+    (``jax.random.split(key, num_restarts)``, or ``key`` itself with ``start_from_key``) and fresh flags, inside
+    the program (``lax.cond``), so a run that needs several calls (a progress bar, a long run) still compiles one
+    program. Then a ``while_loop`` of at most ``limit`` steps that ends when every restart has stopped or its
+    buffer is full (``_buffer_rows``): each step's ``Info`` goes to row ``i`` of a ``(rows, restarts, ...)``
+    buffer; rows from ``i`` on are zero and never read. One restart is stepped without ``vmap`` (the restart
+    axis is dropped inside the program). An ``Info`` with a boolean field ``may_stop`` vetoes the rule where it
+    is False (a kernel whose convergence needs more than a small change of the objective). Returns (carry,
+    buffer, steps taken ``i``, the best restart (highest finite objective), its state): the pick of the best
+    restart is part of the program, not a program of its own."""
+    single = num_restarts == 1
+    start_fn = None if init is None else _optimiser_start_fn(init, num_restarts, start_from_key)
+
+    def optimiser_run(carry, key, problem, budget, start):
+        max_iter, tol, tol_residual, limit = budget
+        rule = StopRule(max_iter, tol, kind, tol_residual if residual else None)
+        one = _one_restart_step(step, rule)
+        every = one if single else jax.vmap(one, in_axes=(0, 0, None))
+        keys = jax.random.split(key, num_restarts)
+        if start_fn is not None:
+            carry = jax.lax.cond(start, lambda: (start_fn(key, problem), *_flags(num_restarts)), lambda: carry)
         if single:
             carry, keys = jax.tree.map(lambda a: a[0], (carry, keys))
         shapes = jax.eval_shape(every, carry, keys, problem)[1]
-        per_step = sum(int(np.prod(s.shape)) * s.dtype.itemsize for s in jax.tree.leaves(shapes))
-        rows = max(1, min(chunk, INFO_BUFFER_BYTES // max(per_step, 1)))
+        rows = _buffer_rows(shapes)
         buffer = jax.tree.map(lambda s: jnp.zeros((rows, *s.shape), s.dtype), shapes)
 
         def go_on(loop):
             i, carry, _ = loop
-            return (i < rows) & ~jnp.all(carry[2])
+            return (i < rows) & (i < limit) & ~jnp.all(carry[2])
 
         def body(loop):
             i, carry, buffer = loop
@@ -263,13 +299,15 @@ def _optimiser_chunk(step: Kernel, rule: StopRule, chunk: int, single: bool):
             buffer = jax.tree.map(lambda b, x: jax.lax.dynamic_update_index_in_dim(b, x, i, 0), buffer, info)
             return i + 1, carry, buffer
 
-        _, carry, buffer = jax.lax.while_loop(go_on, body, (jnp.asarray(0, jnp.int32), carry, buffer))
+        i, carry, buffer = jax.lax.while_loop(go_on, body, (jnp.asarray(0, jnp.int32), carry, buffer))
         if single:
             carry = jax.tree.map(lambda a: a[None], carry)
             buffer = jax.tree.map(lambda a: a[:, None], buffer)
-        return carry, buffer
+        f = carry[1]
+        best = jnp.argmax(jnp.where(jnp.isfinite(f), f, -jnp.inf))
+        return carry, buffer, i, best, jax.tree.map(lambda a: a[best], carry[0])
 
-    return jax.jit(run_chunk)
+    return jax.jit(optimiser_run)
 
 
 def sample_chains(init: Kernel, step: Kernel, problem: Any, key: jax.Array, *, num_chains: int,
@@ -278,89 +316,115 @@ def sample_chains(init: Kernel, step: Kernel, problem: Any, key: jax.Array, *, n
                   progress: bool | None = None, desc: str = "", init_state: Any = None) -> tuple[Any, Any]:
     """Run ``num_chains`` chains of a Markov kernel for ``num_warmup + num_samples * thinning`` steps.
 
-    Chain ``c`` starts from ``init(k_c, problem)`` (or ``init_state`` with a leading chain axis); step ``t``
-    of every chain uses the ``t``-th of ``split(k_steps, total)``, split again per chain. After each step
+    Chain ``c`` starts from ``init(k_c, problem)`` (``k_c`` the c-th of ``split(k_init, num_chains)``, ``k_init,
+    k_steps = split(key)``; or from ``init_state`` with a leading chain axis); step ``t`` of every chain uses
+    ``fold_in(k_steps, t)`` (the ``t``-th of ``split(k_steps, total)``), split again per chain. After each step
     ``collect(key, state, info)`` (default: ``(state, info)``) gives what is kept: a pytree whose leaves
-    come back as NumPy arrays with leading ``(chain, draw)`` axes, warm-up dropped and thinned on the host.
-    Returns (kept, last state). One compiled scan body serves warm-up and sampling; it runs in chunks of
-    ``chunk`` steps, the largest divisor of the total not above ``chunk`` (default: 100 with a progress
-    bar; without one, as many as ``collect``'s per-step output allows within ``INFO_BUFFER_BYTES``).
+    come back as NumPy arrays with leading ``(chain, draw)`` axes, the warm-up dropped and every ``thinning``-th
+    step kept inside the program. Returns (kept, last state). The run is one compiled program
+    (``_sampler_program``) whose budgets (``num_warmup``, ``num_samples``, ``thinning``) are arguments, called
+    once per ``chunk`` steps (default: 100 with a progress bar; without one, the whole run) or until its buffer
+    of kept draws is full (``ROWS`` draws, fewer where a draw is large); the next call goes on from its carry.
+    ``num_chains`` is a constant of the program (the ``vmap`` width).
     """
     total = num_warmup + num_samples * thinning
-    if init_state is None:
-        k_steps, init_state = _sampler_start(init, num_chains)(key, problem)
-    else:
-        k_steps, init_state = jax.random.split(key)[1], strongly_typed(init_state)
     collect = collect or _state_and_info
-    one_step, run_chunk = _sampler_chunk(step, collect, num_chains)
+    fresh = init_state is None
+    program = _sampler_program(init if fresh else None, step, collect, num_chains)
+    if fresh:
+        state = _zeros_like(_start_shapes(init, num_chains, False, key, problem, chains=True))
+    else:
+        state = strongly_typed(init_state)
     shown = progress_enabled(progress)
-    if chunk is None and shown:
-        chunk = 100
-    elif chunk is None:
-        out_shapes = jax.eval_shape(one_step, (init_state, problem), k_steps)[1]
-        per_step = sum(int(np.prod(s.shape)) * s.dtype.itemsize for s in jax.tree.leaves(out_shapes))
-        chunk = max(1, INFO_BUFFER_BYTES // max(per_step, 1))
-    chunk = _largest_divisor(total, min(int(chunk), total))
-    keys = _step_keys(k_steps, total, chunk)
-    carry, outs = (init_state, problem), []
-    keep = np.arange(num_warmup + thinning - 1, total, thinning)
+    if chunk is None:
+        chunk = 100 if shown else total
+    chunk = max(1, int(chunk))
+    outs, t, start = [], 0, fresh
     bar = tqdm(total=total, desc=desc, disable=not shown, leave=False)
-    for c in range(total // chunk):
-        lo = c * chunk
-        sel = keep[(keep >= lo) & (keep < lo + chunk)] - lo
-        carry, out = run_chunk(carry, keys, c)
-        if sel.size:
-            out = jax.device_get(out)
-            whole = sel.size == chunk   # thinning 1 past warm-up: the chunk as it is (no copy)
-            outs.append(out if whole else jax.tree.map(lambda a, s=sel: a[s], out))
-        bar.update(chunk)
+    while t < total:
+        budget = (np.int32(num_warmup), np.int32(thinning), np.int32(total), np.int32(t), np.int32(chunk))
+        state, out, t_next, kept = program(state, key, problem, budget, np.bool_(start))
+        start = False
+        t_next, kept = (int(v) for v in jax.device_get((t_next, kept)))
+        if kept:
+            outs.append(jax.tree.map(lambda a, k=kept: a[:k], jax.device_get(out)))
+        bar.update(t_next - t)
+        t = t_next
     bar.close()
     kept = jax.tree.map(lambda *a: np.swapaxes(np.concatenate(a, axis=0), 0, 1), *outs)
-    return kept, carry[0]
+    return kept, state
 
 
-def _largest_divisor(total: int, at_most: int) -> int:
-    """The largest divisor of ``total`` that is at most ``at_most`` (>= 1)."""
-    small = [d for d in range(1, int(np.sqrt(total)) + 1) if total % d == 0]
-    return max(d for d in small + [total // d for d in small] if d <= at_most)
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _step_keys(k_steps, total: int, chunk: int):
-    """The step keys ``split(k_steps, total)`` in rows of ``chunk`` (one compiled call)."""
-    return jax.random.split(k_steps, total).reshape(total // chunk, chunk)
-
-
-@programs.cached(maxsize=64)
-def _sampler_start(init: Kernel, num_chains: int):
-    """``k_init, k_steps = split(key)`` and every chain's ``init(split(k_init, num_chains)[c])`` in one
-    compiled call: (k_steps, strongly typed states)."""
+def _sampler_start_fn(init: Kernel, num_chains: int):
+    """Every chain's ``init(split(k_init, num_chains)[c])``, ``k_init = split(key)[0]`` (strongly typed)."""
 
     def start(key, problem):
-        k_init, k_steps = jax.random.split(key)
-        return k_steps, strongly_typed(jax.vmap(init, in_axes=(0, None))(jax.random.split(k_init, num_chains),
-                                                                         problem))
+        k_init = jax.random.split(key)[0]
+        return strongly_typed(jax.vmap(init, in_axes=(0, None))(jax.random.split(k_init, num_chains), problem))
 
-    return jax.jit(start)
+    return start
 
 
 @programs.cached(maxsize=64)
-def _sampler_chunk(step: Kernel, collect: Callable, num_chains: int):
-    """(one step, one chunk), compiled. A chunk is a scan over row ``c`` of the step keys (``keys[c]``, indexed
-    inside the program: no dispatch per chunk), every chain vectorised. The problem rides in the carry (not
-    closed over), so data sets of the same shapes share the program. The step is traced once for both
-    (``eval_shape`` of its output and the scan body)."""
+def _sampler_program(init: Kernel | None, step: Kernel, collect: Callable, num_chains: int):
+    """The whole sampler run as one compiled program of ``(state, key, problem, budget, start)``, ``budget =
+    (num_warmup, thinning, total, t0, limit)``: fits that differ only in these or in the key share it.
+    ``start`` (a fresh run's first call): the state is replaced by every chain's ``init`` (``lax.cond``). Then a
+    ``while_loop`` over steps ``t = t0, ...`` that ends at ``total``, after ``limit`` steps, or when its buffer
+    of kept draws is full (``_buffer_rows``). Step ``t`` uses ``k = fold_in(k_steps, t)``: ``k_step, k_collect =
+    split(k)``, every chain's step with ``split(k_step, num_chains)`` and its ``collect`` with
+    ``split(k_collect, num_chains)``; the step's output is written to row ``j`` of the buffer and ``j`` moves on
+    where the step is kept (past the warm-up, every ``thinning``-th). The problem is an argument (not closed
+    over), so data sets of the same shapes share the program. Returns (state, buffer, next ``t``, rows kept)."""
+    start_fn = None if init is None else _sampler_start_fn(init, num_chains)
 
-    def one(carry, k):
-        state, problem = carry
+    def one(state, problem, k):
         k_step, k_collect = jax.random.split(k)
         state, info = jax.vmap(step, in_axes=(0, 0, None))(jax.random.split(k_step, num_chains), state, problem)
         out = jax.vmap(collect)(jax.random.split(k_collect, num_chains), state, info)
-        return (state, problem), out
+        return state, out
 
-    one = jax.jit(one)
+    def sampler_run(state, key, problem, budget, start):
+        num_warmup, thinning, total, t0, limit = budget
+        k_steps = jax.random.split(key)[1]
+        if start_fn is not None:
+            state = jax.lax.cond(start, lambda: start_fn(key, problem), lambda: state)
+        shapes = jax.eval_shape(one, state, problem, k_steps)[1]
+        rows = _buffer_rows(shapes)
+        buffer = jax.tree.map(lambda s: jnp.zeros((rows, *s.shape), s.dtype), shapes)
+        end = jnp.minimum(total, t0 + limit)
 
-    def run_chunk(carry, keys, c):
-        return jax.lax.scan(one, carry, keys[c])
+        def go_on(loop):
+            t, j, _, _ = loop
+            return (t < end) & (j < rows)
 
-    return one, jax.jit(run_chunk)
+        def body(loop):
+            t, j, state, buffer = loop
+            state, out = one(state, problem, jax.random.fold_in(k_steps, t))
+            buffer = jax.tree.map(lambda b, x: jax.lax.dynamic_update_index_in_dim(b, x, j, 0), buffer, out)
+            kept = (t >= num_warmup) & ((t - num_warmup + 1) % thinning == 0)
+            return t + 1, j + kept.astype(jnp.int32), state, buffer
+
+        t, j, state, buffer = jax.lax.while_loop(go_on, body, (t0, jnp.asarray(0, jnp.int32), state, buffer))
+        return state, buffer, t, j
+
+    return jax.jit(sampler_run)
+
+
+DRAW_BLOCK = 64   # draws per call of a draw program (fixed: no num_samples shapes the program)
+
+
+def draws_in_blocks(draw_block: Callable, key: jax.Array, num_samples: int, *args, block: int = DRAW_BLOCK):
+    """``num_samples`` draws from a compiled ``draw_block(keys, *args) -> (per_draw, extra)``: draw ``i`` is
+    seeded with ``split(key, n)[i]`` (``fold_in(key, i)``, made on the host: ``inference.host_keys``), ``block``
+    keys per call, the last block padded with further keys and its extra draws cut, so the program does not
+    depend on ``num_samples``. ``per_draw``: a pytree with a leading draw axis; ``extra``: anything the program
+    computes once (e.g. the fitted parameters), taken from the last call. Returns (per_draw as NumPy arrays with
+    ``num_samples`` rows, extra)."""
+    n_blocks = -(-num_samples // block)
+    words = host_keys.words(host_keys.split(key, n_blocks * block))
+    words = words.reshape(n_blocks, block, *words.shape[1:])
+    outs = [jax.device_get(draw_block(host_keys.wrap(w), *args)) for w in words]
+    per_draw = jax.tree.map(lambda *a: np.concatenate([np.asarray(b) for b in a])[:num_samples],
+                            *[o[0] for o in outs])
+    return per_draw, outs[-1][1]

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.infer import MCMC, NUTS
 
-from inference import programs
+from inference import host_keys, programs
 from inference._init_strategies import INIT_STRATEGIES
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.progress import progress_enabled
@@ -41,8 +41,8 @@ def chain_method(num_chains: int, platform: str | None = None, device_count: int
 
     * "parallel" (one chain per device, ``pmap``) when there are at least ``num_chains`` devices;
     * else "vectorized" (``vmap``: all chains in one program) on an accelerator (gpu, tpu): a GPU runs a
-      chain's small steps at launch latency, so chains one after the other cost num_chains times that (issue 18,
-      one H100: bpca NUTS 180 s sequential; hlcr 2 chains 16 s vectorized against 27 s sequential);
+      chain's small steps at launch latency, so chains one after the other cost num_chains times that
+      (benchmarks/results.md, "lab notes from inference/": the H100 timings);
     * else "sequential" on the CPU, where vmapping NUTS's tree building makes every chain wait for the deepest
       tree of the batch."""
     platform = jax.default_backend() if platform is None else platform
@@ -118,9 +118,9 @@ def _sampling_program(model, static: tuple, settings: tuple) -> SamplingProgram:
     kept for the process.
 
     Why not ``MCMC.run`` itself: NumPyro initialises one chain, and vectorized chains, operation by operation
-    (bpca on tiny data: 428 XLA compilations, 28.6 s for the first fit at the test suite's O0; 34 and 15.4 s
-    here), and it traces a new ``pmap`` for every run of parallel chains (a second fit on same-shaped data
-    recompiled it: 2.4 s of 7.4). Chain ``c`` runs NumPyro's one-chain ``MCMC.run`` with
+    (hundreds of eager XLA programs in a first fit), and it traces a new ``pmap`` for every run of parallel
+    chains, so a second fit on same-shaped data compiled again (benchmarks/results.md, "lab notes from
+    inference/"). Chain ``c`` runs NumPyro's one-chain ``MCMC.run`` with
     ``split(key, num_chains)[c]`` (``key`` itself for one chain), as ``MCMC.run`` does, so the draws are those
     of NumPyro's own parallel and sequential chain methods; the chains are mapped by ``chain_method``: ``pmap``,
     ``vmap`` (vectorized) or ``lax.map`` (sequential)."""
@@ -165,7 +165,7 @@ def run_nuts(ctx: FitContext) -> Draws:
         if not np.all(np.asarray(init_ok)):
             raise RuntimeError(f"{NUMPYRO_NO_INIT} (chains {np.flatnonzero(~np.asarray(init_ok)).tolist()})")
     if reform is not None:
-        samples = map_draws(reform, jax.random.fold_in(ctx.key, 1), samples, kwargs)
+        samples = map_draws(reform, host_keys.fold_in(ctx.key, 1), samples, kwargs)
     samples = {k: np.asarray(v) for k, v in samples.items()}
     stats = {
         "diverging": np.asarray(extra["diverging"]),
@@ -180,14 +180,17 @@ def run_nuts(ctx: FitContext) -> Draws:
 
 
 def map_draws(reform, key, samples: dict, model_kwargs: dict, batch_size: int = 256) -> dict:
-    """``reform.to_sites`` applied to every draw of ``samples`` (leading (chain, draw) axes), one key per draw."""
+    """``reform.to_sites`` applied to every draw of ``samples`` (leading (chain, draw) axes), one key per draw
+    (``split(key, n)``, made on the host). Reshaped and cut in NumPy: as JAX operations, one at a time, each
+    reshape compiled a program of its own."""
+    samples = jax.device_get(samples)
     n_chain, n_draw = next(iter(samples.values())).shape[:2]
-    flat = {k: jnp.reshape(v, (n_chain * n_draw, *v.shape[2:])) for k, v in samples.items()}
-    keys = jax.random.split(key, n_chain * n_draw)
+    flat = {k: np.reshape(np.asarray(v), (n_chain * n_draw, *np.shape(v)[2:])) for k, v in samples.items()}
+    keys = host_keys.split(key, n_chain * n_draw)
     arrays, static = split_arguments(model_kwargs)
     batch = min(batch_size, n_chain * n_draw)
-    out = _site_mapper(reform, static, batch)(keys, flat, arrays)
-    return {k: jnp.reshape(v, (n_chain, n_draw, *v.shape[1:])) for k, v in out.items()}
+    out = jax.device_get(_site_mapper(reform, static, batch)(keys, flat, arrays))
+    return {k: np.reshape(np.asarray(v), (n_chain, n_draw, *np.shape(v)[1:])) for k, v in out.items()}
 
 
 @programs.cached(maxsize=16)

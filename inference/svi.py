@@ -14,10 +14,11 @@ parameters are stored in group ``variational``. There is no closed-form bound: t
 
 Compiled once per (model, non-array model arguments, guide settings, data shapes), like ``nuts._sampler``: the
 data arrays are arguments of three cached programs (``_programs``: initialise, a chunk of ``CHUNK_STEPS`` Adam
-steps, the draws), so a second fit on data of the same shapes (another seed, another data set, another
-``num_steps``) compiles nothing. NumPyro's autoguides set themselves up on their first call from that call's data
-(the prototype trace, the initial locations, the constraint transforms), so each program builds its own guide and
-``SVI`` inside its trace: a guide object kept between fits would carry the first fit's data into the next.
+steps, ``DRAW_BLOCK`` draws), so a second fit on data of the same shapes (another seed, another data set, another
+``num_steps`` or ``num_samples``) compiles nothing. NumPyro's autoguides set themselves up on their first call
+from that call's data (the prototype trace, the initial locations, the constraint transforms), so each program
+builds its own guide and ``SVI`` inside its trace: a guide object kept between fits would carry the first fit's
+data into the next.
 
 A fit that cannot be evaluated is a ``NonFiniteError`` with advice (lower ``learning_rate``, another ``guide`` or
 ``init``), never NumPyro's argument validation: the ELBO estimate non-finite at every step of the last 5 % (the
@@ -39,7 +40,7 @@ from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoGuide, AutoLowRankMultivariateNormal, AutoMultivariateNormal, AutoNormal
 from tqdm.auto import tqdm
 
-from inference import programs
+from inference import host_keys, programs
 from inference._init_strategies import INIT_STRATEGIES
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.progress import progress_enabled
@@ -50,6 +51,7 @@ SVI_SETTINGS = ("guide", "init", "rank", "learning_rate", "num_particles")
 # Adam steps per compiled chunk (a progress-bar update and a host round trip between chunks). Fixed, so one
 # program serves every num_steps: the steps of the last chunk past num_steps are skipped (lax.cond).
 CHUNK_STEPS = 250
+DRAW_BLOCK = 64   # draws from the fitted guide per call of its draw program (fixed: no num_samples shapes it)
 
 
 def _check(options: dict) -> None:
@@ -140,7 +142,7 @@ class SVIPrograms(NamedTuple):
     init: Callable[..., Any]   # (key, arrays) -> SVIState (NumPyro's SVI.init)
     steps: Callable[..., Any]  # (state, arrays, first, num_steps) -> (state, losses[CHUNK_STEPS]): Adam steps
     #                            first, ..., first + CHUNK_STEPS - 1; those >= num_steps are skipped (loss NaN)
-    draw: Callable[..., Any]   # (state, key, arrays, num_samples) -> (params, draws, log_q)
+    draw: Callable[..., Any]   # (state, keys[DRAW_BLOCK], arrays) -> (params, draws, log_q): one draw per key
 
 
 @programs.cached(maxsize=16)
@@ -168,14 +170,27 @@ def _programs(model, static: tuple, settings: tuple) -> SVIPrograms:
         one = lambda s, t: jax.lax.cond(t < num_steps, lambda s: svi.stable_update(s, **kwargs), skip, s)
         return jax.lax.scan(one, state, first + jnp.arange(CHUNK_STEPS))
 
-    def draw(state, key, arrays, num_samples):
+    def draw(state, keys, arrays):
         svi, guide, kwargs, _ = fresh(arrays, jax.random.key(0))
         params = svi.get_params(state)
-        draws, log_q = jax.vmap(lambda k: draw_with_log_q(guide, params, k, kwargs))(
-            jax.random.split(key, num_samples))
+        draws, log_q = jax.vmap(lambda k: draw_with_log_q(guide, params, k, kwargs))(keys)
         return params, draws, log_q
 
-    return SVIPrograms(jax.jit(init), jax.jit(steps), jax.jit(draw, static_argnames="num_samples"))
+    return SVIPrograms(jax.jit(init), jax.jit(steps), jax.jit(draw))
+
+
+def draw_from(programs: SVIPrograms, state, key, arrays, num_samples: int) -> tuple[dict, dict, np.ndarray]:
+    """(params, draws, log q) of ``num_samples`` draws, draw ``i`` seeded with ``split(key, num_samples)[i]``
+    (``inference.host_keys``), ``DRAW_BLOCK`` keys per call of ``programs.draw`` (the last block padded with
+    further keys, its extra draws cut), so the program does not depend on ``num_samples``."""
+    keys = host_keys.split(key, -(-num_samples // DRAW_BLOCK) * DRAW_BLOCK)
+    keys = host_keys.words(keys).reshape(-1, DRAW_BLOCK, 2)
+    params, blocks = None, []
+    for block in keys:
+        params, draws, log_q = jax.device_get(programs.draw(state, host_keys.wrap(block), arrays))
+        blocks.append((draws, log_q))
+    draws, log_q = jax.tree.map(lambda *a: np.concatenate(a)[:num_samples], *blocks)
+    return params, draws, log_q
 
 
 def programs_for(model, model_kwargs, options) -> tuple[SVIPrograms, dict]:
@@ -228,7 +243,7 @@ def run_svi(ctx: FitContext) -> Draws:
     """Stochastic variational inference (Hoffman et al. 2013) with a NumPyro autoguide and Adam."""
     o = ctx.options
     programs, arrays = programs_for(ctx.spec.model, ctx.model_kwargs, o)
-    k_fit, k_draw = jax.random.split(ctx.key)
+    k_fit, k_draw = host_keys.parts(ctx.key)
     n = o["num_steps"]
     state, losses = programs.init(k_fit, arrays), []
     with tqdm(total=n, desc="svi", disable=not progress_enabled(o["progress"]), leave=False) as bar:
@@ -237,7 +252,7 @@ def run_svi(ctx: FitContext) -> Draws:
             losses.append(jax.device_get(chunk))  # waits for the chunk: the bar shows steps done, not queued
             bar.update(min(CHUNK_STEPS, n - first))
     elbo = -np.concatenate(losses)[:n]
-    params, draws, log_q = jax.device_get(programs.draw(state, k_draw, arrays, num_samples=o["num_samples"]))
+    params, draws, log_q = draw_from(programs, state, k_draw, arrays, o["num_samples"])
     check_fit(elbo, params, draws, log_q, o)
     tail = elbo[-max(1, n // 20):]
     return Draws(posterior={k: np.asarray(v)[None] for k, v in draws.items()},

@@ -162,15 +162,22 @@ def log_densities(spec: ModelSpec, model_kwargs: Mapping[str, Any], posterior: M
     """``(log_prior, log_likelihood)`` at every draw of ``posterior`` (arrays with (chain, draw) axes).
 
     ``log_prior[site]`` has shape (chain, draw); ``log_likelihood[site]`` (chain, draw, *site batch).
-    Draws are evaluated in batches (``lax.map``) so memory stays bounded on big data.
+    Draws are evaluated ``batch_size`` at a time (``vmap``), one call of one compiled program per batch, the last
+    batch padded with copies of the last draw (cut on the host): memory stays bounded on big data, and the
+    program does not depend on the number of draws (fits that differ in ``num_samples`` share it).
     """
     first = next(iter(posterior.values()))
     n_chain, n_draw = first.shape[:2]
-    flat = {k: np.reshape(np.asarray(v), (n_chain * n_draw, *np.shape(v)[2:])) for k, v in posterior.items()}
-    batch = min(batch_size, n_chain * n_draw)
+    n = n_chain * n_draw
+    flat = {k: np.reshape(np.asarray(v), (n, *np.shape(v)[2:])) for k, v in posterior.items()}
     arrays, static = split_arguments(model_kwargs)
-    program = _log_density_program(spec.model, tuple(spec.likelihood_sites), static, batch)
-    prior, lik = program(arrays, flat)
+    arrays = jax.device_put(arrays)   # moved once, not once per batch
+    program = _log_density_program(spec.model, tuple(spec.likelihood_sites), static, batch_size)
+    outs = []
+    for lo in range(0, n, batch_size):
+        rows = np.minimum(np.arange(lo, lo + batch_size), n - 1)
+        outs.append(program(arrays, {k: v[rows] for k, v in flat.items()}))
+    prior, lik = jax.tree.map(lambda *a: np.concatenate([np.asarray(b) for b in a])[:n], *jax.device_get(outs))
     unflat = lambda d: {k: np.asarray(v).reshape((n_chain, n_draw, *v.shape[1:])) for k, v in d.items()}
     return unflat(prior), unflat(lik)
 
@@ -184,13 +191,13 @@ def split_arguments(model_kwargs: Mapping[str, Any]) -> tuple[dict, tuple]:
 
 @programs.cached(maxsize=256)   # was an unbounded dict: many models and shapes in one process
 def _log_density_program(model, likelihood_sites: tuple, static: tuple, batch: int):
-    """The jitted ``(arrays, draws) -> (log_prior, log_likelihood)`` of ``log_densities``, kept per (model,
-    likelihood sites, non-array arguments, batch): data arrays are arguments, not constants, so every fit of a
-    model on data of the same shapes reuses one compiled program."""
+    """The jitted ``(arrays, batch of draws) -> (log_prior, log_likelihood)`` of ``log_densities``, kept per (model,
+    likelihood sites, non-array arguments, batch size): data arrays are arguments, not constants, so every fit of
+    a model on data of the same shapes reuses one compiled program."""
 
     def densities(arrays, flat):
         kwargs = {**dict(static), **arrays}
-        return jax.lax.map(lambda q: _site_log_probs(model, likelihood_sites, kwargs, q), flat, batch_size=batch)
+        return jax.vmap(lambda q: _site_log_probs(model, likelihood_sites, kwargs, q))(flat)
 
     return jax.jit(densities)
 

@@ -6,7 +6,8 @@ the groups every tree has, finite draws of every latent site with leading (chain
 whose sum equals NumPyro's own ``log_density`` of the model at the draws (the oracle: NumPyro's
 ``numpyro.infer.util.log_density``, not our per-site evaluation), and identical draws for the same seed. The
 same fits count XLA programs (JAX's own compile events): the first fit builds at most ``XLA_PROGRAMS[pair]``,
-and a second fit, with the same seed or another one, builds none.
+and a second fit, with the same seed or another one, builds none; nor does a fit that changes only the budgets
+(``BUDGETS``: iterations, tolerance, draws, warm-up, thinning) and the seed.
 A new kernel or model is covered without touching this file (the pairs come from the registry).
 """
 
@@ -77,6 +78,36 @@ XLA_PROGRAMS: dict[tuple[str, str], int] = {
 }
 
 
+# Budgets and seeds are arguments of the compiled programs, not constants (issue 28 item 2): a fit that changes
+# only these (and the seed) builds no XLA program. ``num_restarts`` and ``num_chains`` stay constants: they are the
+# width of a ``vmap`` (the shape of every state leaf). Where a method keeps a budget constant, it is named here with
+# the reason, and the check changes the other budgets only.
+BUDGETS = ("max_iter", "tol", "num_samples", "num_warmup", "num_steps", "thinning")
+CONSTANT_BUDGETS: dict[str, tuple[str, ...]] = {
+    # NumPyro builds the warm-up's adaptation windows in Python from num_warmup, and collects num_samples *
+    # thinning draws with a static fori_collect: the whole run is one NumPyro program of these constants
+    "nuts": ("num_warmup", "num_samples", "thinning"),
+}
+
+
+def other_budgets(model: str, method: str, options: dict) -> dict:
+    """``options`` with every budget the method declares changed (an integer budget about two thirds of its value,
+    ``thinning`` one more, ``tol`` ten times larger), except those ``CONSTANT_BUDGETS`` names."""
+    declared = get_method(zoo.get(model), method).declared
+    out = dict(options)
+    for name in BUDGETS:
+        if name not in declared or name in CONSTANT_BUDGETS.get(method, ()):
+            continue
+        value = options.get(name, declared[name].default)
+        if name == "tol":
+            out[name] = value * 10
+        elif name == "thinning":
+            out[name] = value + 1
+        else:
+            out[name] = max(1, value - value // 3)
+    return out
+
+
 def target(method: str) -> int:
     return 6 if method in ("nuts", "svi") else 3
 
@@ -123,6 +154,18 @@ def check_contract(model: str, method: str, seed: int = 3) -> None:
         inference.fit(model, data, method, seed=seed + 1, **options)
     assert second.xla_compiles == other.xla_compiles == [], \
         f"{model}/{method}: a second fit built XLA programs: {second.xla_compiles}, another seed {other.xla_compiles}"
+
+    budgets = other_budgets(model, method, options)
+    with Stopwatch() as cheaper:
+        tree = inference.fit(model, data, method, seed=seed + 2, **budgets)
+    changed = {k: v for k, v in budgets.items() if options.get(k) != v}
+    assert cheaper.xla_compiles == [], \
+        f"{model}/{method}: a fit with other budgets {changed} built XLA programs: {cheaper.xla_compiles}"
+    post = tree["posterior"].to_dataset()
+    if "num_samples" in changed:
+        assert post.sizes["draw"] == budgets["num_samples"], f"{model}/{method}: {post.sizes['draw']} draws kept"
+    for site in sites:
+        assert np.all(np.isfinite(post[site].values)), f"{model}/{method}: non-finite draws of {site} ({changed})"
 
 
 PAIRS = [(m, meth) for m in zoo.list_models() for meth in inference.methods_for(m)]

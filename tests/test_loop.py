@@ -167,10 +167,10 @@ def test_info_buffer_cap_splits_the_run_into_chunks_with_the_same_result(monkeyp
     the same Run as one chunk."""
     rule = StopRule(max_iter=40, tol=0.0)
     whole = run_until_converged(contraction_init, contraction_step, PROBLEM, jax.random.key(6), rule, progress=False)
-    loop._optimiser_chunk.cache_clear()
+    loop._optimiser_program.cache_clear()
     monkeypatch.setattr(loop, "INFO_BUFFER_BYTES", 3 * 8)
     capped = run_until_converged(contraction_init, contraction_step, PROBLEM, jax.random.key(6), rule, progress=False)
-    loop._optimiser_chunk.cache_clear()
+    loop._optimiser_program.cache_clear()
     assert whole.n_iter == capped.n_iter == 40 and not capped.converged
     np.testing.assert_array_equal(capped.info.objective, whole.info.objective)
     assert float(capped.state.x) == float(whole.state.x)

@@ -63,6 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
+from inference import host_keys
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.bpca.common import (
     Cfg,
@@ -288,7 +289,7 @@ def fit_badmm(Y, node, J, hyper, key, o, participation=None, callback=None):
     g0 = init_globals(init_key(key), D, cfg.M)
     proto = make_protocol(cfg, graph, eta=float(o["eta"]), prior_weight=o["prior_weight"],
                           adaptive_eta=o["adaptive_eta"])
-    res = run_distributed(proto, with_start(shards, g0), jax.random.fold_in(key, 1), o, participation, callback)
+    res = run_distributed(proto, with_start(shards, g0), host_keys.fold_in(key, 1), o, participation, callback)
     return cfg, res, shards, index
 
 

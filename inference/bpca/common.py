@@ -30,6 +30,7 @@ import numpy as np
 from jax.scipy.special import digamma, gammaln
 
 from inference import host_draws as hd
+from inference import host_keys
 
 LOG_2PI = float(np.log(2 * np.pi))
 
@@ -131,7 +132,7 @@ def init_state(cfg: Cfg, g0: Globals, n: int) -> VBState:
 
 def init_key(key: jax.Array) -> jax.Array:
     """The key of the initial W (the same for ``vbem``, ``badmm`` and ``dppca`` with the same seed)."""
-    return jax.random.fold_in(key, 0)
+    return host_keys.fold_in(key, 0)
 
 
 def expectations(cfg: Cfg, tau_q, alpha_q):

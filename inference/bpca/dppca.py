@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
+from inference import host_keys
 from inference._methods import Draws, FitContext, register_method
 from inference.bpca import nodes
 from inference.bpca.common import (
@@ -153,7 +154,7 @@ def fit_dppca(Y, node, J, hyper, key, o, participation=None, callback=None):
     learn_tau = hyper.get("tau") is None
     proto = make_protocol(graph, tau0=1.0 if learn_tau else float(hyper["tau"]), learn_tau=learn_tau,
                           eta=float(o["eta"]))
-    res = nodes.run_distributed(proto, nodes.with_start(shards, W0), jax.random.fold_in(key, 1), o, participation,
+    res = nodes.run_distributed(proto, nodes.with_start(shards, W0), host_keys.fold_in(key, 1), o, participation,
                                 callback)
     return res, shards, index
 

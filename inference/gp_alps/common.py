@@ -48,9 +48,9 @@ def problem(ctx) -> tuple[Problem, bool]:
     kernels = za.resolve_kernels(ctx.hyper["kernels"], np.asarray(ctx.data["t"]).shape[1])
     keys = [repr(sorted(k.items())) for k in kernels]
     group = np.array([keys.index(k) for k in keys])
-    return Problem(jnp.asarray(F), jnp.asarray(lam), jnp.asarray(V), jnp.asarray(Y),
-                   jnp.asarray(np.log(th) - np.log1p(-th)), float(kw["s"]), jnp.asarray(sig2), float(kw["a0"]),
-                   float(kw["b0"]), jnp.asarray(group)), learn
+    # host arrays: the programs take them as arguments (``jnp.asarray`` here ran a program per field)
+    return Problem(F, lam, V, Y, np.log(th) - np.log1p(-th), float(kw["s"]), sig2, float(kw["a0"]),
+                   float(kw["b0"]), group), learn
 
 
 def switch_logit(logit_theta, c):

@@ -50,9 +50,9 @@ import xarray as xr
 from numpyro.distributions import constraints
 from numpyro.infer import SVI, Trace_ELBO
 
-from inference import programs
+from inference import host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
-from inference.loop import StopRule, run_until_converged
+from inference.loop import StopRule, draws_in_blocks, run_until_converged
 
 LAM_P = 0.5
 
@@ -83,14 +83,18 @@ def guide(F, Y, theta, s, sigma2, a0, b0, lam_q=0.66):
     m, n, r = F.shape
     p = Y.shape[1]
     key = numpyro.prng_key()
-    k1, k2 = jax.random.split(key) if key is not None else (jax.random.key(0), jax.random.key(1))
+    # unseeded (NumPyro's set-up traces the guide once without a key): jax.random.key(0) and key(1), built from
+    # their words on the host (as JAX operations they ran a program each)
+    k1, k2 = jax.random.split(key) if key is not None else (host_keys.wrap([0, 0]), host_keys.wrap([0, 1]))
     mu = numpyro.param("mu", jax.random.normal(k1, (m, r)))
     L = numpyro.param("L", jnp.broadcast_to(0.3 * jnp.eye(r), (m, r, r)), constraint=constraints.lower_cholesky)
     mH = numpyro.param("mH", 0.1 * jax.random.normal(k2, (p, m)))
     sH = numpyro.param("sH", jnp.full((p, m), 0.1), constraint=constraints.positive)
     logit_rho = numpyro.param("logit_rho", jnp.full((m,), 2.0))
     with numpyro.plate("latent", m, dim=-1):
-        numpyro.sample("u", dist.MultivariateNormal(mu, scale_tril=L))
+        # no argument check: L is lower Cholesky by its constraint, and the check on its concrete initial value ran
+        # as JAX operations one at a time in every first fit
+        numpyro.sample("u", dist.MultivariateNormal(mu, scale_tril=L, validate_args=False))
         numpyro.sample("z", dist.Logistic(logit_rho / lam_q, 1.0 / lam_q))
     with numpyro.plate("output", p, dim=-2), numpyro.plate("latent", m, dim=-1):
         numpyro.sample("H", dist.Normal(mH, jnp.sqrt(sH)))
@@ -150,7 +154,7 @@ def fit_state(key, kw, num_steps, learning_rate=0.01, num_particles=4, schedule=
     """Adam on the relaxed ELBO with the temperature schedule; returns (final SVI state, relaxed ELBO trace,
     temperatures) (host arrays for the traces)."""
     k_init, k_step = kernel(float(learning_rate), int(num_particles))
-    problem = SVIProblem(kw, jnp.asarray(float(num_steps)), jnp.asarray(schedule == "paper"))
+    problem = SVIProblem(kw, np.asarray(float(num_steps)), np.asarray(schedule == "paper"))   # host: no eager op
     r = run_until_converged(k_init, k_step, problem, key, StopRule(int(num_steps)), progress=progress,
                             desc="gp_alps svi_concrete")
     return r.state.svi, r.info.objective, r.info.temperature
@@ -163,14 +167,16 @@ def fit_params(key, kw, num_steps, learning_rate=0.01, num_particles=4, schedule
 
 
 @programs.cached(maxsize=16)
-def _posterior_program(learning_rate: float, num_particles: int, learn: bool, num_samples: int):
-    """SVI state, key -> (guide params (constrained), draws, log q, rho): one compiled call after the fit (not one
-    dispatch per constraint transform and draw; cached, so a second fit compiles nothing)."""
+def _posterior_program(learning_rate: float, num_particles: int, learn: bool):
+    """keys, SVI state -> ((draws, log q), (guide params (constrained), rho)): one draw per key, one compiled call
+    per block of keys after the fit (``inference.loop.draws_in_blocks``: not one dispatch per constraint
+    transform and draw; no ``num_samples`` in it; cached, so a second fit compiles nothing)."""
     svi = _svi(learning_rate, num_particles)
 
-    def posterior(svi_state, key):
+    def posterior(keys, svi_state):
         params = svi.get_params(svi_state)
-        return (params, *sample_q(key, params, learn, num_samples), jax.nn.sigmoid(params["logit_rho"]))
+        one = lambda k: jax.tree.map(lambda a: a[0], sample_q(k, params, learn, 1))
+        return jax.vmap(one)(keys), (params, jax.nn.sigmoid(params["logit_rho"]))
 
     return jax.jit(posterior)
 
@@ -179,7 +185,7 @@ def sample_q(key, params, learn, num_samples):
     """Draws of (u, H, sigma2) from the guide, hard switches b ~ Bern(rho), and log q of the model sites."""
     m, r = params["mu"].shape
     ku, kh, kb, ks = jax.random.split(key, 4)
-    qu = dist.MultivariateNormal(params["mu"], scale_tril=params["L"])
+    qu = dist.MultivariateNormal(params["mu"], scale_tril=params["L"], validate_args=False)   # L: by constraint
     u = qu.sample(ku, (num_samples,))
     qh = dist.Normal(params["mH"], jnp.sqrt(params["sH"]))
     H = qh.sample(kh, (num_samples,))
@@ -207,7 +213,7 @@ def q_dataset(params, lam_q) -> xr.Dataset:
 
 def _kw(ctx):
     mk = ctx.model_kwargs
-    return {"F": jnp.asarray(mk["F"]), "Y": jnp.asarray(mk["Y"]), "theta": jnp.asarray(mk["theta"]),
+    return {"F": np.asarray(mk["F"]), "Y": np.asarray(mk["Y"]), "theta": np.asarray(mk["theta"]),
             "s": mk["s"], "sigma2": mk["sigma2"], "a0": mk["a0"], "b0": mk["b0"]}
 
 
@@ -224,12 +230,12 @@ def run_svi_concrete(ctx: FitContext) -> Draws:
     schedule, reparameterised gradients with Adam (weight-space latents instead of inducing points)."""
     o = ctx.options
     kw = _kw(ctx)
-    k_fit, k_draw = jax.random.split(ctx.key)
+    k_fit, k_draw = host_keys.parts(ctx.key)
     state, elbo, temps = fit_state(k_fit, kw, o["num_steps"], o["learning_rate"], o["num_particles"], o["schedule"],
                                    o["progress"])
     learn = kw["sigma2"] is None
-    posterior = _posterior_program(float(o["learning_rate"]), int(o["num_particles"]), learn, int(o["num_samples"]))
-    params, draws, log_q, rho = jax.device_get(posterior(state, k_draw))
+    posterior = _posterior_program(float(o["learning_rate"]), int(o["num_particles"]), learn)
+    (draws, log_q), (params, rho) = draws_in_blocks(posterior, k_draw, int(o["num_samples"]), state)
     return Draws(posterior={k: np.asarray(v)[None] for k, v in draws.items()},
                  sample_stats={"log_q": np.asarray(log_q)[None]},
                  traces={"elbo_relaxed": np.asarray(elbo), "temperature": np.asarray(temps)},

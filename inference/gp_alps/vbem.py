@@ -38,9 +38,9 @@ the static noise flag.
 Initialisation (notes §3.2 "known behaviour"): rho = 1 and random non-zero means, since mu = m = 0 is a
 fixed point and a latent whose rho has collapsed to 0 cannot switch back on. q(u) means start N(0, I),
 q(H) means N(0, 0.01^2): with small H the first sweeps let each latent fit its own frequency before the
-mixing weights grow. Measured on the periodic mixture (4 seeds): this start reaches the parsimonious
-optimum (one latent per duplicate pair) with a higher ELBO than N(0, 0.1^2) or N(0, 1) starts, which
-stall at both duplicates on (seed 0: ELBO -1572.77 vs -1580.97).
+mixing weights grow. On the periodic mixture this start reaches the parsimonious optimum (one latent per
+duplicate pair) with a higher ELBO than N(0, 0.1^2) or N(0, 1) starts, which stall at both duplicates on
+(benchmarks/results.md, "lab notes from inference/").
 """
 
 from __future__ import annotations
@@ -53,11 +53,12 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 from jax.scipy.special import digamma, gammaln
+from scipy import special
 
-from inference import programs
+from inference import host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.gp_alps.common import Problem, problem
-from inference.loop import Run, StopRule, run_until_converged
+from inference.loop import DRAW_BLOCK, Run, StopRule, draws_in_blocks, run_until_converged
 
 
 class State(NamedTuple):
@@ -202,7 +203,7 @@ def run(key, pb: Problem, learn, max_iter=200, tol=0.0, init_logit_rho=10.0, num
     starts from ``init(key)``); the run with the highest final ELBO wins
     (CAVI finds local optima, e.g. both duplicates on). ``inference.loop.Run`` (``info.objective`` the ELBO trace)."""
     k_init, k_step = kernel(bool(learn))
-    vp = VBProblem(pb, jnp.asarray(float(init_logit_rho)), jnp.asarray(bool(update_switches)))
+    vp = VBProblem(pb, np.asarray(float(init_logit_rho)), np.asarray(bool(update_switches)))   # host: no eager op
     # a single run starts from init(key) itself (as before the loop existed: the tests' measured optima)
     return run_until_converged(k_init, k_step, vp, key, StopRule(int(max_iter), float(tol), "relative"),
                                num_restarts=num_restarts, progress=progress, desc="gp_alps vbem",
@@ -257,13 +258,15 @@ def draw(key, state: State, num_samples, learn):
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3))
-def _draw_program(key, state: State, num_samples, learn):
-    """``draw`` and rho = sigmoid(logit_rho) in one compiled call, the state an argument (a ``jax.jit`` of a
-    closure over it compiled again in every fit)."""
-    return (*draw(key, state, num_samples, learn), jax.nn.sigmoid(state.logit_rho))
+def _draw_program(keys, state: State, block: int, learn):
+    """One draw (``draw`` with one sample) per key of ``keys`` (``block`` of them, always
+    ``inference.loop.DRAW_BLOCK``: ``draws_in_blocks``) and rho = sigmoid(logit_rho), one compiled call, the
+    state an argument (a ``jax.jit`` of a closure over it compiled again in every fit)."""
+    one = lambda k: jax.tree.map(lambda a: a[0], draw(k, state, 1, learn))
+    return jax.vmap(one)(keys), jax.nn.sigmoid(state.logit_rho)
 
 
-def q_dataset(state: State, learn) -> xr.Dataset:
+def q_dataset(state: State, learn, rho=None) -> xr.Dataset:
     """Group ``variational``: every parameter of q, so that ``log_q`` and the ELBO can be recomputed from the
     tree: mu (latent, rank), Sigma (latent, rank, rank_bis) of q(u_j); mH, sH (output, latent) of q(H_ij);
     rho (latent) = q(b_j = 1); a_tau, b_tau (output) of q(tau_i) = Gamma(shape, rate), i.e. q(sigma2_i) =
@@ -271,7 +274,7 @@ def q_dataset(state: State, learn) -> xr.Dataset:
     ds = {"mu": (("latent", "rank"), np.asarray(state.mu)),
           "Sigma": (("latent", "rank", "rank_bis"), np.asarray(state.Sigma)),
           "mH": (("output", "latent"), np.asarray(state.mH)), "sH": (("output", "latent"), np.asarray(state.sH)),
-          "rho": (("latent",), np.asarray(jax.nn.sigmoid(state.logit_rho)))}
+          "rho": (("latent",), np.asarray(special.expit(np.asarray(state.logit_rho)) if rho is None else rho))}
     if learn:
         ds["a_tau"], ds["b_tau"] = (("output",), np.asarray(state.a_tau)), (("output",), np.asarray(state.b_tau))
     return xr.Dataset(ds)
@@ -289,15 +292,16 @@ def run_vbem(ctx: FitContext) -> Draws:
     """Closed-form mean-field VB-EM with Bernoulli q(b) (notes §3.2); deterministic ELBO per sweep."""
     o = ctx.options
     pb, learn = problem(ctx)
-    k_init, k_draw = jax.random.split(ctx.key)
+    k_init, k_draw = host_keys.parts(ctx.key)
     r = run(k_init, pb, learn, o["max_iter"], o["tol"], o["init_logit_rho"], o["num_restarts"], progress=o["progress"])
     state = r.state
-    draws, log_q, rho = jax.device_get(_draw_program(k_draw, state, int(o["num_samples"]), bool(learn)))
+    (draws, log_q), rho = draws_in_blocks(_draw_program, k_draw, int(o["num_samples"]), state, DRAW_BLOCK,
+                                           bool(learn))
     return Draws(posterior={k: np.asarray(v)[None] for k, v in draws.items()},
                  sample_stats={"log_q": np.asarray(log_q)[None]},
                  traces={"elbo": np.asarray(r.info.objective), "rho": np.asarray(r.info.rho)},
                  dims={"b": ["latent"], "rho": ["iteration", "latent"]},
-                 groups={"variational": q_dataset(state, learn)},
+                 groups={"variational": q_dataset(state, learn, rho)},
                  attrs={"rho": rho.tolist(), "objective_per_restart": np.asarray(r.objective_per_restart).tolist(),
                         "q_H_mean": np.asarray(state.mH).tolist(), "q_H_var": np.asarray(state.sH).tolist()},
                  objective=r.objective, converged=r.converged, n_iter=r.n_iter)

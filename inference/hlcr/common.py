@@ -164,8 +164,8 @@ def sample_log_gamma(key, a):
     Marsaglia & Tsang (2000) squeeze/rejection for shape a + 1 with ``GAMMA_TRIALS`` proposals drawn at once
     (acceptance >= 0.95 per proposal, so all fail with probability < 1e-15; then the last proposal is used),
     and the boost G(a) = G(a + 1) U^(1/a) in log space, so tiny shapes (beta psi_k ~ 1e-5) do not underflow.
-    ``jax.random.loggamma`` is exact too but its sampler takes ~8 s to compile on our CPUs, and the Gibbs
-    and VB-EM kernels compile it once per data shape."""
+    ``jax.random.loggamma`` is exact too but its rejection sampler is costly to compile (benchmarks/results.md,
+    "lab notes from inference/"), and the Gibbs and VB-EM kernels compile it once per data shape."""
     k_x, k_u, k_boost = jax.random.split(key, 3)
     b = a + 1.0
     d = b - 1.0 / 3.0

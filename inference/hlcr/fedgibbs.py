@@ -50,6 +50,7 @@ from the prior, i.e. a random initialisation too).
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import NamedTuple
 
@@ -57,7 +58,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inference import programs
+from inference import host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.distributed.audit import audited, message_spec
 from inference.distributed.protocol import Protocol
@@ -81,6 +82,7 @@ from inference.hlcr.federated import (
     run_protocol,
     split_by_agent,
 )
+from inference.loop import draws_in_blocks
 from zoo.hlcr import SPEC, pair_structure, resolve_hyper
 
 PRIORS = ("exact", "paper")
@@ -375,6 +377,18 @@ def run_federated(agents, hyper: dict, key: jax.Array, *, max_iter: int = 20, ga
     return res, index, audit
 
 
+@functools.partial(jax.jit, static_argnums=7)
+def _parameter_draws(keys, D_data, c, z, pair_agent, log_psi, prior, n_agents: int):
+    """One (w, theta) draw per key given the final labels and the server's statistics (``draw_conditionals``;
+    ``D`` = I / delta^2 + the data's D), one compiled call per block of keys (``inference.loop.draws_in_blocks``),
+    not one JAX operation at a time."""
+    delta, beta = prior
+    K, F = c.shape
+    D = jnp.eye(F) / delta ** 2 + D_data
+    n_agent = jax.ops.segment_sum(jax.nn.one_hot(z, K), pair_agent, num_segments=n_agents)
+    return jax.vmap(lambda k: draw_conditionals(k, D, c, n_agent, log_psi, beta))(keys), None
+
+
 @register_method("fedgibbs", kind="point", models=("hlcr",), check=check_dropout, options=OPTIONS_FEDGIBBS)
 def run_fedgibbs(ctx: FitContext) -> Draws:
     """FedHLCR (paper Algorithm 3, corrected): agents re-sample their own labels against broadcast cluster
@@ -391,22 +405,22 @@ def run_fedgibbs(ctx: FitContext) -> Draws:
     K = int(h["K"])
     # restart r runs from fold_in(key, r) with one server key for all (the keys of the earlier per-restart
     # loop, so draws for a seed are unchanged); the kept restart's (w, theta) draws use fold_in(key, 2e6 + r)
-    restart_keys = jnp.stack([jax.random.fold_in(ctx.key, r) for r in range(o["num_restarts"])])
+    # (keys made on the host: inference.host_keys)
+    restart_keys = host_keys.fold_in_many(ctx.key, np.arange(o["num_restarts"]))
     res, index, audit = run_federated(
-        agents, h, restart_keys[0], restart_keys=restart_keys, server_key=jax.random.fold_in(ctx.key, 10**6),
+        agents, h, host_keys.fold_in(ctx.key, 0), restart_keys=restart_keys,
+        server_key=host_keys.fold_in(ctx.key, 10**6),
         max_iter=o["max_iter"], gamma=o["gamma"], participation=o["participation"],
         dropout=o["dropout"], leave_own_out=o["leave_own_out"], prior=o["prior"], dp_noise_scale=o["dp_noise_scale"],
         runner=o["runner"], on_node_failure=o["on_node_failure"], chunk=o["chunk"], z_init=o["z_init"],
         progress=o["progress"], num_restarts=o["num_restarts"])
     z = global_labels(res, index)
-    k_draw = jax.random.fold_in(ctx.key, 2 * 10**6 + int(np.argmax(audit["objective_per_restart"])))
+    k_draw = host_keys.fold_in(ctx.key, 2 * 10**6 + int(np.argmax(audit["objective_per_restart"])))
     sv = res.server_state
-    D = jnp.eye(agents[0]["X"].shape[1]) / h["delta"] ** 2 + jnp.asarray(sv.D)
     ps = pair_structure(ctx.data["agent"], ctx.data["entity"])
-    n_agent = jax.ops.segment_sum(jax.nn.one_hot(z, K), jnp.asarray(ps["pair_agent"]), num_segments=ps["n_agents"])
     S = o["num_samples"]
-    w, theta = jax.vmap(lambda k: draw_conditionals(k, D, jnp.asarray(sv.c), n_agent, sv.log_psi, h["beta"]))(
-        jax.random.split(k_draw, S))
+    (w, theta), _ = draws_in_blocks(_parameter_draws, k_draw, S, sv.D, sv.c, z, np.asarray(ps["pair_agent"]),
+                                    sv.log_psi, (float(h["delta"]), float(h["beta"])), int(ps["n_agents"]))
     hist = res.history
     traces = {"log_joint": hist["log_joint"], "n_changed": hist["n_changed"], "n_active": hist["n_active"],
               "bytes_uploaded": hist["bytes_sent"].sum(1)}

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inference import programs
+from inference import host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.distributed.audit import audited
 from inference.distributed.protocol import Protocol
@@ -136,7 +136,7 @@ def run_federated_vb(agents, hyper: dict, key: jax.Array, *, max_iter: int = 100
         from inference.distributed.ray_runner import run_ray
 
         results = []
-        for k in jax.random.split(key, num_restarts) if num_restarts > 1 else [key]:   # actors: one run at a time
+        for k in host_keys.parts(key, num_restarts) if num_restarts > 1 else [key]:   # actors: one run at a time
             proto, log = audited(make_protocol(vb_hyper, F))
             res = run_ray(proto, shards, k, max_rounds=max_iter, on_node_failure=on_node_failure,
                           participation=participation_fn(float(participation), float(dropout)), callback=callback,
@@ -168,7 +168,7 @@ def run_fedvb(ctx: FitContext) -> Draws:
     o = ctx.options
     agents = split_by_agent(ctx.data, o["num_agents"])
     K = int(ctx.hyper["K"])
-    k_run, _ = jax.random.split(ctx.key)
+    k_run = host_keys.fold_in(ctx.key, 0)   # split(key)[0]
     res, index, audit = run_federated_vb(agents, ctx.hyper, k_run, max_iter=o["max_iter"],
                                          participation=o["participation"], dropout=o["dropout"], runner=o["runner"],
                                          on_node_failure=o["on_node_failure"], chunk=o["chunk"],

@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inference import programs
+from inference import host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.hlcr.common import (
     Hyper,
@@ -94,8 +94,8 @@ def problem_from_inputs(inputs: dict) -> Problem:
     pdat = pair_data(inputs)
     F = pdat.gs.shape[-1]
     iu = np.triu_indices(F)
-    ones = jnp.ones((pdat.gs.shape[0], 1))
-    return Problem(jnp.concatenate([pdat.Gs[:, iu[0], iu[1]], pdat.gs, ones], axis=1), pdat.const, pdat.agent)
+    ones = np.ones((pdat.gs.shape[0], 1))   # NumPy: no JAX operation runs one at a time
+    return Problem(np.concatenate([pdat.Gs[:, iu[0], iu[1]], pdat.gs, ones], axis=1), pdat.const, pdat.agent)
 
 
 def n_features(problem: Problem) -> int:
@@ -185,12 +185,12 @@ def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: in
     """The blocked chains (``common.run_label_chains``); ``z_init`` (labels per pair) starts every chain, its
     (psi, w, theta) drawn given those labels."""
     k = kernel(hyper)
-    k_init, k_run = jax.random.split(key)
+    k_init, k_run = host_keys.parts(key)
     init_state = None
     if z_init is not None:
-        z0 = jnp.broadcast_to(jnp.asarray(z_init, dtype=jnp.int32), (num_chains, problem.const.shape[0]))
+        z0 = np.broadcast_to(np.asarray(z_init, dtype=np.int32), (num_chains, problem.const.shape[0]))
         init_state = jax.jit(jax.vmap(lambda kk, z: state_from_labels(kk, z, problem, hyper)))(
-            jax.random.split(k_init, num_chains), z0)
+            host_keys.split(k_init, num_chains), z0)
     return run_label_chains(k, problem, k_run, num_warmup=num_warmup, num_samples=num_samples,
                             num_chains=num_chains, thinning=thinning, init_state=init_state, progress=progress,
                             chunk=chunk, desc="hlcr gibbs_blocked")

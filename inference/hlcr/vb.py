@@ -45,7 +45,7 @@ import xarray as xr
 from jax.scipy.special import digamma, gammaln
 
 from inference import host_draws as hd
-from inference import programs
+from inference import host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.hlcr.common import (
     TINY_LOG,
@@ -249,7 +249,7 @@ def run_vbem(ctx: FitContext) -> Draws:
     inputs = ctx.model_kwargs
     pdat = pair_data(inputs)
     hyper = make_hyper(ctx.hyper, inputs["n_agents"])
-    k_init, _ = jax.random.split(ctx.key)
+    k_init = host_keys.fold_in(ctx.key, 0)   # split(key)[0]
     res = run(k_init, pdat, hyper, max_iter=o["max_iter"], tol=o["tol"], num_restarts=o["num_restarts"],
               progress=o["progress"])
     state = res.state

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
-from inference import programs
+from inference import host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.loop import Run, StopRule, run_until_converged
 from inference.mppca.common import LOG_2PI, Cfg, cfg_from, chol_inv_logdet, point_draws
@@ -126,7 +126,7 @@ def run_em(ctx: FitContext) -> Draws:
     """Maximum-likelihood EM for (M)PPCA (Tipping & Bishop; notes 3.1-3.2, errata E1-E2), the paper's baseline;
     tau shared (learned by ML, or ``tau_fixed``). Priors are ignored; ``nu`` is reported at d / |Lambda^j|^2."""
     mixture = ctx.spec.name != "ppca"
-    cfg, res = fit_em(ctx.data["Y"], ctx.hyper, jax.random.fold_in(ctx.key, 1), mixture=mixture,
+    cfg, res = fit_em(ctx.data["Y"], ctx.hyper, host_keys.fold_in(ctx.key, 1), mixture=mixture,
                       max_iter=ctx.options["max_iter"], tol=ctx.options["tol"], progress=ctx.options["progress"])
     st = res.state
     return Draws(posterior=point_draws(cfg, st.pi, st.mu, st.W, st.sig2), traces={"loglik": res.info.objective},

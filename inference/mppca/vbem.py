@@ -38,7 +38,7 @@ import numpy as np
 import xarray as xr
 
 from inference import host_draws as hd
-from inference import programs
+from inference import host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.loop import Run, StopRule, run_until_converged
 from inference.mppca.common import (
@@ -310,7 +310,7 @@ def run_vbem(ctx: FitContext) -> Draws:
     fixed: +1/2 ln|Sigma_x| in the responsibilities, so the bound is monotone); restarts ``num_restarts``."""
     o = ctx.options
     mixture = ctx.spec.name != "ppca"
-    cfg, res = fit_vbem(ctx.data["Y"], ctx.hyper, jax.random.fold_in(ctx.key, 1), mixture=mixture,
+    cfg, res = fit_vbem(ctx.data["Y"], ctx.hyper, host_keys.fold_in(ctx.key, 1), mixture=mixture,
                         num_restarts=o["num_restarts"], max_iter=o["max_iter"], tol=o["tol"],
                         paper_literal=o["paper_literal"], progress=o["progress"])
     post, log_q = kernel(cfg).draw((ctx.seed, 2), res.state, o["num_samples"])

@@ -41,7 +41,7 @@ from jax.scipy.linalg import cho_factor, cho_solve
 
 from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
-from inference.loop import Run, StopRule, run_until_converged
+from inference.loop import Run, StopRule, draws_in_blocks, run_until_converged
 from inference.ssgp.bound import joint_cov, omega, pseudo
 from inference.ssgp.features import expectations
 from inference.ssgp.hfunction import inv_moment, sample_scale, scale_log_density
@@ -103,10 +103,18 @@ class Kernel(NamedTuple):
 
 @programs.cached(maxsize=32)
 def kernel(cfg: Config, settings: Settings = DEFAULT_SETTINGS) -> Kernel:
-    """``init(key, problem)``, ``step(key, state, problem)`` and ``draw(key, state, n)`` (jitted, ``n`` static)
-    for one static configuration; cached, so repeated fits share the loop's compiled chunks."""
+    """``init(key, problem)``, ``step(key, state, problem)`` and ``draw(keys, state) -> ((draws, log_q), moments)``
+    (one compiled program: a draw per key, and the scale moments ``state_dataset`` stores; for
+    ``inference.loop.draws_in_blocks``) for one static configuration; cached, so repeated fits share the loop's
+    compiled program."""
     return Kernel(functools.partial(init, cfg, settings), functools.partial(step, cfg, settings),
-                  jax.jit(functools.partial(draw, cfg), static_argnums=2))
+                  jax.jit(functools.partial(draw_block, cfg)))
+
+
+def draw_block(cfg, keys, st):
+    """One draw from q per key (``draw`` with one sample) and the scale moments of q (``scale_moments``)."""
+    one = lambda k: jax.tree.map(lambda a: a[0], draw(cfg, k, st, 1))
+    return jax.vmap(one)(keys), scale_moments(cfg, st)
 
 
 def init(cfg, settings, key, problem):
@@ -220,10 +228,12 @@ def run(cfg: Config, data: Data, *, max_iter=1000, tol=1e-6, warm_start=3, step_
                                progress=progress, desc="ssgp vb")
 
 
-def state_dataset(cfg, st):
+def state_dataset(cfg, st, moments=None):
     """The variational parameters as an xarray Dataset (stored in the tree for ``predict`` and for
-    recomputing ``log_q`` and the bound from the tree), with the Jaakkola-Jordan points ``xi`` for logit."""
-    moments = {k: np.asarray(v) for k, v in _scale_moments(cfg)(st).items()}
+    recomputing ``log_q`` and the bound from the tree), with the Jaakkola-Jordan points ``xi`` for logit;
+    ``moments``: ``scale_moments`` where they were computed already (the fit's draw program)."""
+    moments = _scale_moments(cfg)(st) if moments is None else moments
+    moments = {k: np.asarray(v) for k, v in moments.items()}
     ds = {"mu_lam": (["input"], st.mu_lam), "Sig_lam": (["input", "input_"], st.Sig_lam),
           "mu_alpha": (["basis"], st.mu_a), "Sig_alpha": (["basis", "basis_"], st.Sig_a),
           "mu_beta": (["coef"], st.mu_b), "Sig_beta": (["coef", "coef_"], st.Sig_b),
@@ -242,19 +252,20 @@ def state_dataset(cfg, st):
 
 @programs.cached
 def _scale_moments(cfg: Config):
-    """The moments of q(sigma), q(gamma), q(tau) that ``state_dataset`` stores, as one compiled program of the
-    state (computed operation by operation, the H-function grids compiled some forty programs)."""
+    """``scale_moments`` as one compiled program of the state (computed operation by operation, the H-function
+    grids compiled a program per operation)."""
+    return jax.jit(functools.partial(scale_moments, cfg))
 
-    def moments(st):
-        out = {"E_sigma": inv_moment(2.0 * cfg.m - 2.0, st.C_sig, cfg.A_sigma**2, -1.0)}
-        if cfg.likelihood == "gaussian":
-            out["E_gamma"] = inv_moment(cfg.n - 2.0, st.C_gam, cfg.A_gamma**2, -1.0)
-            out["E_gamma2"] = inv_moment(cfg.n - 2.0, st.C_gam, cfg.A_gamma**2, -2.0)
-        if cfg.T > 0:
-            out["E_tau"] = jax.vmap(lambda c: inv_moment(cfg.J - 2.0, c, cfg.A_tau**2, -1.0))(st.C_tau)
-        return out
 
-    return jax.jit(moments)
+def scale_moments(cfg: Config, st) -> dict:
+    """The moments of q(sigma), q(gamma), q(tau) that ``state_dataset`` stores."""
+    out = {"E_sigma": inv_moment(2.0 * cfg.m - 2.0, st.C_sig, cfg.A_sigma**2, -1.0)}
+    if cfg.likelihood == "gaussian":
+        out["E_gamma"] = inv_moment(cfg.n - 2.0, st.C_gam, cfg.A_gamma**2, -1.0)
+        out["E_gamma2"] = inv_moment(cfg.n - 2.0, st.C_gam, cfg.A_gamma**2, -2.0)
+    if cfg.T > 0:
+        out["E_tau"] = jax.vmap(lambda c: inv_moment(cfg.J - 2.0, c, cfg.A_tau**2, -1.0))(st.C_tau)
+    return out
 
 
 def _check(options):
@@ -295,11 +306,11 @@ def run_vb(ctx: FitContext) -> Draws:
     """Closed-form mean-field VB with NCVMP for q(lam) (Tan & Nott 2016; Lim 2016; notes §3)."""
     o = ctx.options
     cfg, arrays, res = fit_state(ctx.spec, ctx.data, ctx.hyper, o, ctx.key)
-    post, log_q = kernel(cfg).draw(ctx.key, res.state, o["num_samples"])  # draw depends on cfg only
+    (post, log_q), moments = draws_in_blocks(kernel(cfg).draw, ctx.key, o["num_samples"], res.state)
     info = res.info
     return Draws(
         posterior={k: np.asarray(v)[None] for k, v in post.items()}, sample_stats={"log_q": np.asarray(log_q)[None]},
         traces={"bound": info.objective, "step_size": info.step, "n_tries": info.n_tries},
-        groups={"variational_parameters": state_dataset(cfg, res.state)},
+        groups={"variational_parameters": state_dataset(cfg, res.state, moments)},
         objective=res.objective, converged=res.converged, n_iter=res.n_iter,
         attrs={"n_backtracked_sweeps": int(np.sum(info.n_tries > 1))})
