@@ -204,3 +204,43 @@ def test_sample_chains_keeps_exactly_the_documented_steps_for_any_chunking(chunk
     assert np.all(np.asarray(last.t) == 7 + 27)
     reference, _ = sample_chains(ar1_init, ar1_step, {"rho": jnp.asarray(0.5)}, jax.random.key(8), chunk=1, **kw)
     np.testing.assert_allclose(kept[0].x, reference[0].x, rtol=1e-12)
+
+
+def test_budgets_and_keys_are_arguments_a_run_with_other_ones_compiles_nothing_and_matches_the_oracle():
+    """max_iter, tol and the key are arguments of the optimiser's one program; num_warmup, num_samples, thinning
+    and the key of the sampler's: a second run that changes only these builds no XLA program (JAX's own compile
+    events), and still gives the Python loop's result (optimiser) and the documented kept steps (sampler)."""
+    from inference._timing import Stopwatch
+
+    run_until_converged(contraction_init, contraction_step, PROBLEM, jax.random.key(0),
+                        StopRule(max_iter=200, tol=1e-6, kind="absolute"), progress=False)
+    sample_chains(ar1_init, ar1_step, {"rho": jnp.asarray(0.5)}, jax.random.key(8), num_chains=2, num_warmup=7,
+                  num_samples=9, thinning=3)
+    rule = StopRule(max_iter=37, tol=1e-9, kind="absolute")
+    with Stopwatch() as watch:
+        run = run_until_converged(contraction_init, contraction_step, PROBLEM, jax.random.key(11), rule,
+                                  progress=False)
+        kept, last = sample_chains(ar1_init, ar1_step, {"rho": jnp.asarray(0.5)}, jax.random.key(12), num_chains=2,
+                                   num_warmup=4, num_samples=13, thinning=2)
+    assert watch.xla_compiles == []
+    x0 = float(contraction_init(jax.random.split(jax.random.key(11), 1)[0], PROBLEM).x)
+    x, trace, conv = python_oracle(x0, 3.0, rule)
+    assert run.converged == conv and run.n_iter == len(trace)
+    np.testing.assert_allclose(run.info.objective, trace, rtol=1e-12)
+    assert float(run.state.x) == pytest.approx(x, rel=1e-12)
+    np.testing.assert_array_equal(kept[0].t, np.broadcast_to(4 + 2 * np.arange(1, 14), (2, 13)))
+    assert np.all(np.asarray(last.t) == 4 + 26)
+
+
+def test_a_full_buffer_of_kept_draws_continues_in_the_next_call_with_the_same_draws(monkeypatch):
+    """A sampler buffer of 4 kept draws (``ROWS``): 13 kept draws take four calls of the program, each going on
+    from the last one's state, and give the draws of one call (same keys, same steps)."""
+    kw = dict(num_chains=2, num_warmup=5, num_samples=13, thinning=2)
+    whole, _ = sample_chains(ar1_init, ar1_step, {"rho": jnp.asarray(0.5)}, jax.random.key(9), **kw)
+    loop._sampler_program.cache_clear()
+    monkeypatch.setattr(loop, "ROWS", 4)
+    capped, last = sample_chains(ar1_init, ar1_step, {"rho": jnp.asarray(0.5)}, jax.random.key(9), **kw)
+    loop._sampler_program.cache_clear()
+    np.testing.assert_array_equal(capped[0].t, np.broadcast_to(5 + 2 * np.arange(1, 14), (2, 13)))
+    np.testing.assert_allclose(capped[0].x, whole[0].x, rtol=1e-12)
+    assert np.all(np.asarray(last.t) == 5 + 26)

@@ -10,6 +10,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from inference import programs
 from inference._timing import Stopwatch
@@ -129,3 +130,24 @@ def test_a_fits_key_is_jax_random_key_of_its_seed_built_without_compiling():
     for s, key, want in zip(seeds, built, expected, strict=True):
         np.testing.assert_array_equal(np.asarray(jax.random.key_data(key)), want, err_msg=f"seed {s}")
         assert key.dtype == jax.random.key(0).dtype
+
+
+@pytest.mark.parametrize("seed", [0, 3, 2**32 + 5, 2**63 - 1])
+def test_host_keys_are_jax_random_fold_in_and_split_bit_for_bit_and_compile_nothing(seed):
+    """``inference.host_keys`` against ``jax.random`` itself (the oracle): fold_in, split and its rows, from a key
+    built on the host; the host side builds no XLA program."""
+    from inference import host_keys
+    from inference.api import key_of
+
+    key = key_of(seed)
+    with Stopwatch() as watch:
+        folded = host_keys.words(host_keys.fold_in(key, 7))
+        split = host_keys.words(host_keys.split(key, 5))
+        parts = [host_keys.words(k) for k in host_keys.parts(key, 3)]
+        many = host_keys.words(host_keys.fold_in_many(key, np.array([[0, 1], [2**31, 2**32 - 1]])))
+    assert watch.xla_compiles == []
+    data = jax.random.key_data
+    np.testing.assert_array_equal(folded, np.asarray(data(jax.random.fold_in(key, 7))))
+    np.testing.assert_array_equal(split, np.asarray(data(jax.random.split(key, 5))))
+    np.testing.assert_array_equal(np.stack(parts), np.asarray(data(jax.random.split(key, 3))))
+    np.testing.assert_array_equal(many[1, 1], np.asarray(data(jax.random.fold_in(key, 2**32 - 1))))

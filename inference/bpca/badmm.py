@@ -73,13 +73,13 @@ from inference.bpca.common import (
     cfg_from,
     draw,
     elbo_of,
-    init_globals,
     init_key,
     init_state,
     positive_root,
     q_groups,
     q_of,
     shard_of,
+    start_globals,
 )
 from inference.bpca.nodes import (
     NETWORK_OPTIONS,
@@ -286,7 +286,7 @@ def fit_badmm(Y, node, J, hyper, key, o, participation=None, callback=None):
                    kl_inner=o["kl_inner"])
     graph = make_graph(o["graph"], J)
     shards, index = make_shards(Y, node, J)
-    g0 = init_globals(init_key(key), D, cfg.M)
+    g0 = start_globals(init_key(key), D, cfg.M)
     proto = make_protocol(cfg, graph, eta=float(o["eta"]), prior_weight=o["prior_weight"],
                           adaptive_eta=o["adaptive_eta"])
     res = run_distributed(proto, with_start(shards, g0), host_keys.fold_in(key, 1), o, participation, callback)

@@ -22,6 +22,7 @@ model site (W, mu, z, tau, alpha) and the ELBO is on the model's space. Every pa
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -121,6 +122,13 @@ def init_globals(key: jax.Array, D: int, M: int) -> Globals:
     """m^w = orth(randn(D, M)), v^w = 1, m^mu = 0, v^mu = 1 (N6 defaults; the same on every node)."""
     q, _ = jnp.linalg.qr(jax.random.normal(key, (D, M)))
     return Globals(q, jnp.ones((D, M)), jnp.zeros(D), jnp.ones(D))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def start_globals(key: jax.Array, D: int, M: int) -> Globals:
+    """``init_globals`` as one compiled call, for the distributed runs that agree on it before their first round
+    (operation by operation, the draw and the QR ran a program each)."""
+    return init_globals(key, D, M)
 
 
 def init_state(cfg: Cfg, g0: Globals, n: int) -> VBState:

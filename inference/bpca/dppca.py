@@ -41,10 +41,10 @@ from inference.bpca.common import (
     Globals,
     Shard,
     expected_sq_residual,
-    init_globals,
     init_key,
     positive_root,
     second_moments,
+    start_globals,
     z_step,
 )
 from inference.distributed import Protocol, gossip, make_graph
@@ -150,7 +150,7 @@ def fit_dppca(Y, node, J, hyper, key, o, participation=None, callback=None):
     M = int(hyper["M"])
     graph = make_graph(o["graph"], J)
     shards, index = nodes.make_shards(Y, node, J)
-    W0 = init_globals(init_key(key), D, M).mw
+    W0 = start_globals(init_key(key), D, M).mw
     learn_tau = hyper.get("tau") is None
     proto = make_protocol(graph, tau0=1.0 if learn_tau else float(hyper["tau"]), learn_tau=learn_tau,
                           eta=float(o["eta"]))

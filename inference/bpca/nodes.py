@@ -51,7 +51,7 @@ def make_shards(Y, node, J: int) -> tuple[Shard, np.ndarray]:
         O[j, :len(rows)] = obs
         row[j, :len(rows)] = 1.0
         index[j, :len(rows)] = rows
-    return Shard(jnp.asarray(X), jnp.asarray(O), jnp.asarray(row)), index
+    return Shard(X, O, row), index   # host arrays: the programs take them as they are
 
 
 class NodeData(NamedTuple):
@@ -65,7 +65,7 @@ class NodeData(NamedTuple):
 def with_start(shards: Shard, start: Any) -> NodeData:
     """Stacked ``NodeData``: every node's shard beside its copy of ``start`` (broadcast to the J nodes)."""
     J = shards.X.shape[0]
-    return NodeData(shards, jax.tree.map(lambda a: jnp.broadcast_to(jnp.asarray(a), (J, *jnp.shape(a))), start))
+    return NodeData(shards, jax.tree.map(lambda a: np.broadcast_to(np.asarray(a), (J, *np.shape(a))), start))
 
 
 def _graph_key(v):

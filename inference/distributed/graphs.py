@@ -142,8 +142,8 @@ def gossip(graph: Graph):
     nodes) is ``{"nbr": messages of the neighbours (J, K, ...), "mask": (J, K) bool (slot holds an active
     neighbour), "n_active": (J,) number of active nodes}``. No arithmetic on the messages: it only moves them.
     """
-    nbr = jnp.asarray(graph.neighbours)
-    nmask = jnp.asarray(graph.neighbour_mask)
+    nbr = np.asarray(graph.neighbours)   # NumPy constants of the compiled round (no eager JAX operation)
+    nmask = np.asarray(graph.neighbour_mask)
 
     def aggregate(server_state, messages, active):
         gathered = jax.tree.map(lambda m: m[nbr], messages)

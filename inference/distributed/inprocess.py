@@ -115,13 +115,20 @@ def kernel(protocol: Protocol, participation=None):
     return init, step
 
 
+def message_nbytes(protocol: Protocol, shards) -> int:
+    """Bytes of one node's message, from ``protocol.init``'s abstract trace on one shard's shapes (no JAX
+    operation runs: indexing the shards or making a key would each run a program)."""
+    one_shard = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:], jnp.result_type(a)), shards)
+    key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype)
+    return tree_nbytes(jax.eval_shape(protocol.init, one_shard, key)[1])
+
+
 def run_inprocess(protocol: Protocol, shards: Any, key: jax.Array, *, max_rounds: int, tol: float = 0.0,
                   tol_residual: float | None = None, participation=None, chunk: int = 50,
                   progress: bool | None = None, carry: Carry | None = None) -> RunResult:
     """Run ``protocol`` on stacked ``shards`` (pytree with leading node axis J) for at most ``max_rounds``
     rounds or until the stopping rule (module docstring) fires. ``carry`` resumes from a previous carry."""
-    one_shard = jax.tree.map(lambda a: a[0], shards)
-    nbytes = tree_nbytes(jax.eval_shape(protocol.init, one_shard, jax.random.key(0))[1])
+    nbytes = message_nbytes(protocol, shards)
     init, step = kernel(protocol, participation)
     start = 0 if carry is None else int(carry.t)
     rule = StopRule(max(1, max_rounds - start), tol, "relative", tol_residual)

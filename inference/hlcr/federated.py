@@ -142,7 +142,7 @@ def make_shards(agents, sigma: float, z_init=None, test=None) -> tuple[Shard, np
         z_init = np.asarray(z_init)
         valid = index >= 0
         z0[valid] = z_init[index[valid]]
-    return Shard(*(jnp.asarray(v) for v in (Gs, gs, const, mask, z0, tG, tg, tq, tn))), index
+    return Shard(Gs, gs, const, mask, z0, tG, tg, tq, tn), index   # host arrays: the programs take them as they are
 
 
 def split_by_agent(data: dict, num_agents: int | None = None) -> list[dict]:
@@ -244,14 +244,33 @@ def protocol_kernel(protocol: Protocol, participation, objective: str, seed_serv
 
 
 def message_nbytes(protocol: Protocol, shards) -> int:
-    one = jax.tree.map(lambda a: a[0], shards)
-    return tree_nbytes(jax.eval_shape(protocol.init, one, jax.random.key(0))[1])
+    one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a)[1:], jnp.result_type(a)), shards)
+    key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype)   # abstract: nothing runs
+    return tree_nbytes(jax.eval_shape(protocol.init, one, key)[1])
 
 
 @programs.cached(maxsize=32)
 def _init_program(init):
     """Every restart's ``init``, compiled once per kernel (kernels are cached per configuration), not per fit."""
     return jax.jit(jax.vmap(init, in_axes=(0, None)))
+
+
+@programs.cached(maxsize=32)
+def _with_server_key(init, step, seed_server=None):
+    """(init, step) of the loop on the problem ``(shards, server_key)``: ``init`` then, with ``seed_server``,
+    the server's key put in its state (the key an argument of the program, not a constant)."""
+
+    def start(key, problem):
+        shards, server_key = problem
+        state = init(key, shards)
+        if seed_server is None:
+            return state
+        return state._replace(carry=state.carry._replace(server=seed_server(state.carry.server, server_key)))
+
+    def one(key, state, problem):
+        return step(key, state, problem[0])
+
+    return start, one
 
 
 def run_protocol(kernel: Kernel, shards, key, *, max_iter: int, num_restarts: int = 1, chunk: int = 50,
@@ -261,17 +280,22 @@ def run_protocol(kernel: Kernel, shards, key, *, max_iter: int, num_restarts: in
     never stops the rounds early). One run (``num_restarts=1``) starts from ``kernel.init(key)`` itself;
     restarts from ``split(key, num_restarts)``, or from ``restart_keys`` (one per restart) when given;
     ``server_key`` overrides every run's server key. Returns the ``RunResult`` of the kept run and every
-    restart's final objective."""
+    restart's final objective. Without ``restart_keys`` the start (every restart's ``init`` and the server's
+    key) is part of the loop's one program; with them, a program of its own."""
     if restart_keys is None:
-        restart_keys = key[None] if num_restarts == 1 else jax.random.split(key, num_restarts)
-    num_restarts = int(restart_keys.shape[0])
-    state = _init_program(kernel.init)(restart_keys, shards)
-    if server_key is not None:
-        server = seed_server(state.carry.server, jnp.broadcast_to(server_key, (num_restarts,)))
-        state = state._replace(carry=state.carry._replace(server=server))
-    init_state = state
-    run = run_until_converged(kernel.init, kernel.step, shards, key, StopRule(max_iter), num_restarts=num_restarts,
-                              chunk=chunk, progress=progress, desc=kernel.protocol.name, init_state=init_state)
+        init, step = _with_server_key(kernel.init, kernel.step, seed_server if server_key is not None else None)
+        run = run_until_converged(init, step, (shards, server_key), key, StopRule(max_iter),
+                                  num_restarts=num_restarts, chunk=chunk, progress=progress,
+                                  desc=kernel.protocol.name, start_from_key=num_restarts == 1)
+    else:
+        num_restarts = int(restart_keys.shape[0])
+        state = _init_program(kernel.init)(restart_keys, shards)
+        if server_key is not None:
+            server = seed_server(state.carry.server, jnp.broadcast_to(server_key, (num_restarts,)))
+            state = state._replace(carry=state.carry._replace(server=server))
+        run = run_until_converged(kernel.init, kernel.step, shards, key, StopRule(max_iter),
+                                  num_restarts=num_restarts, chunk=chunk, progress=progress,
+                                  desc=kernel.protocol.name, init_state=state)
     nbytes = message_nbytes(kernel.protocol, shards)
     history = {k: np.asarray(v) for k, v in dict(run.info.summary).items()}
     history["active"] = np.asarray(run.info.active)

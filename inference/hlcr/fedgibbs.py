@@ -204,7 +204,7 @@ def make_protocol(cfg: Config, server_key: jax.Array | None = None) -> Protocol:
     """FedHLCR as a ``local_step``/``aggregate`` protocol (module docstring). ``server_key`` seeds the server's
     psi draws (None: a placeholder, which ``protocol_kernel``'s init replaces by the run's key)."""
     K, F = cfg.K, cfg.F
-    prior_prec = jnp.eye(F) / cfg.delta**2
+    prior_prec = np.eye(F) / cfg.delta**2   # NumPy: built once, a constant of the compiled round
     i32 = jnp.int32
     noisy = cfg.dp_noise_scale > 0
 
@@ -405,11 +405,10 @@ def run_fedgibbs(ctx: FitContext) -> Draws:
     K = int(h["K"])
     # restart r runs from fold_in(key, r) with one server key for all (the keys of the earlier per-restart
     # loop, so draws for a seed are unchanged); the kept restart's (w, theta) draws use fold_in(key, 2e6 + r)
-    # (keys made on the host: inference.host_keys)
-    restart_keys = host_keys.fold_in_many(ctx.key, np.arange(o["num_restarts"]))
+    # (split(key, R)[r] = fold_in(key, r); one restart: the key fold_in(key, 0) itself; made on the host)
+    R = o["num_restarts"]
     res, index, audit = run_federated(
-        agents, h, host_keys.fold_in(ctx.key, 0), restart_keys=restart_keys,
-        server_key=host_keys.fold_in(ctx.key, 10**6),
+        agents, h, ctx.key if R > 1 else host_keys.fold_in(ctx.key, 0), server_key=host_keys.fold_in(ctx.key, 10**6),
         max_iter=o["max_iter"], gamma=o["gamma"], participation=o["participation"],
         dropout=o["dropout"], leave_own_out=o["leave_own_out"], prior=o["prior"], dp_noise_scale=o["dp_noise_scale"],
         runner=o["runner"], on_node_failure=o["on_node_failure"], chunk=o["chunk"], z_init=o["z_init"],

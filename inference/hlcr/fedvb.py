@@ -63,7 +63,7 @@ class AgentState(NamedTuple):
 def make_protocol(hyper: Hyper, F: int) -> Protocol:
     """Federated VB-EM as a ``local_step``/``aggregate`` protocol (module docstring)."""
     K = hyper.K
-    prior_prec = jnp.eye(F) / hyper.delta**2
+    prior_prec = np.eye(F) / hyper.delta**2   # NumPy: built once, a constant of the compiled round
 
     def upload(r, a, shard):
         return {"D": jnp.einsum("pk,pij->kij", r, shard.Gs), "c": r.T @ shard.gs, "n": r.sum(0),
@@ -177,8 +177,8 @@ def run_fedvb(ctx: FitContext) -> Draws:
     r = np.zeros((int(valid.sum()), K))
     r[index[valid]] = np.asarray(res.states.r)[valid]
     sv = res.server_state
-    state = State(jnp.asarray(r), jnp.asarray(sv["m"]), jnp.asarray(sv["S"]), jnp.asarray(res.states.a),
-                  jnp.asarray(sv["log_psi"]))
+    state = State(r, np.asarray(sv["m"]), np.asarray(sv["S"]), np.asarray(res.states.a),   # host: no eager op
+                  np.asarray(sv["log_psi"]))
     n = o["num_samples"]
     w, theta, z, log_q = draw((ctx.seed, 2), state, n)
     psi = np.broadcast_to(np.exp(np.asarray(state.log_psi)), (n, K))
