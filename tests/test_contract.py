@@ -35,46 +35,47 @@ def tiny_options(model: str, method: str) -> dict:
 
 # XLA programs (compiled, or loaded from the persistent compilation cache) of each pair's first fit on tiny data,
 # eager operations included (each compiles a program of its own), measured cold: every kept program released
-# (``python -m benchmarks.bench_compile counts . tiny``; benchmarks/results.md, "compile counts"). Inside the
-# suite a fit may find programs that earlier tests built, so it builds at most this many. Issue 28's targets: a
-# hand-written kernel at most 3 programs and no eager operation, NUTS and SVI at most 6; a pair over its target
-# keeps today's count as its bound, a regression guard until it gets there.
+# (``python -m benchmarks.bench_compile counts . tiny``; benchmarks/results.md, "compile counts (issue 28)"). Inside
+# the suite a fit may find programs that earlier tests built, so it builds at most this many. Issue 28's targets: a
+# hand-written kernel at most 3 programs and no eager operation, NUTS and SVI at most 6. Each bound is the measured
+# count (lower than the target where the pair does better); bpca/badmm is over its target: the run, its start
+# (``start_globals``), the consensus ELBO and the densities.
 XLA_PROGRAMS: dict[tuple[str, str], int] = {
-    ("bpca", "nuts"): 14,
-    ("bpca", "svi"): 6,
-    ("bpca", "vbem"): 5,
-    ("bpca", "badmm"): 99,
-    ("bpca", "dppca"): 23,
+    ("bpca", "nuts"): 3,
+    ("bpca", "svi"): 4,
+    ("bpca", "vbem"): 2,
+    ("bpca", "badmm"): 4,
+    ("bpca", "dppca"): 3,
     ("gp_alps", "nuts"): 2,
-    ("gp_alps", "svi"): 6,
-    ("gp_alps", "vbem"): 16,
-    ("gp_alps", "gibbs"): 11,
-    ("gp_alps", "svi_concrete"): 29,
+    ("gp_alps", "svi"): 4,
+    ("gp_alps", "vbem"): 3,
+    ("gp_alps", "gibbs"): 2,
+    ("gp_alps", "svi_concrete"): 3,
     ("hlcr", "nuts"): 2,
-    ("hlcr", "svi"): 6,
-    ("hlcr", "gibbs"): 4,
-    ("hlcr", "gibbs_blocked"): 11,
-    ("hlcr", "vbem"): 5,
-    ("hlcr", "fedgibbs"): 117,
-    ("hlcr", "fedvb"): 34,
+    ("hlcr", "svi"): 4,
+    ("hlcr", "gibbs"): 2,
+    ("hlcr", "gibbs_blocked"): 2,
+    ("hlcr", "vbem"): 2,
+    ("hlcr", "fedgibbs"): 3,
+    ("hlcr", "fedvb"): 2,
     ("mppca", "nuts"): 2,
-    ("mppca", "svi"): 6,
-    ("mppca", "vbem"): 5,
-    ("mppca", "em"): 5,
+    ("mppca", "svi"): 4,
+    ("mppca", "vbem"): 2,
+    ("mppca", "em"): 2,
     ("mppca", "vbgmm"): 1,
     ("ppca", "nuts"): 2,
-    ("ppca", "svi"): 6,
-    ("ppca", "vbem"): 5,
-    ("ppca", "em"): 5,
-    ("ssgp_lmm", "nuts"): 12,
-    ("ssgp_lmm", "svi"): 6,
-    ("ssgp_lmm", "vb"): 5,
-    ("ssgp_logit", "nuts"): 13,
-    ("ssgp_logit", "svi"): 6,
-    ("ssgp_logit", "vb"): 5,
-    ("ssgp_probit", "nuts"): 13,
-    ("ssgp_probit", "svi"): 6,
-    ("ssgp_probit", "vb"): 5,
+    ("ppca", "svi"): 4,
+    ("ppca", "vbem"): 2,
+    ("ppca", "em"): 2,
+    ("ssgp_lmm", "nuts"): 3,
+    ("ssgp_lmm", "svi"): 4,
+    ("ssgp_lmm", "vb"): 3,
+    ("ssgp_logit", "nuts"): 3,
+    ("ssgp_logit", "svi"): 4,
+    ("ssgp_logit", "vb"): 3,
+    ("ssgp_probit", "nuts"): 3,
+    ("ssgp_probit", "svi"): 4,
+    ("ssgp_probit", "vb"): 3,
 }
 
 

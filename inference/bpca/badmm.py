@@ -156,7 +156,7 @@ def make_protocol(cfg: Cfg, graph, *, eta: float, prior_weight: str, adaptive_et
     is the common initial global parameters (``nodes.with_start``). Built once per static configuration."""
     K = graph.max_degree
     route = gossip(graph)
-    edges = jnp.asarray(graph.edges) if len(graph.edges) else jnp.zeros((0, 2), jnp.int64)
+    edges = np.asarray(graph.edges) if len(graph.edges) else np.zeros((0, 2), np.int64)   # NumPy: no eager op
     J = graph.J
     stats = agreement(graph)
     learn_tau_cons = cfg.learn_tau and cfg.tau_consensus
@@ -297,13 +297,14 @@ def consensus_q(res, cfg: Cfg, index: np.ndarray, N: int) -> Q:
     """The consensus q: node average (over nodes alive at the end) of the global parameters and of q(tau),
     q(alpha); every row's q(z_n) from the node that holds it."""
     alive = np.asarray(res.alive)
-    g = Globals(*(jnp.asarray(np.asarray(res.messages[k])[alive].mean(0)) for k in ("mw", "vw", "mmu", "vmu")))
-    tau = jnp.asarray(np.asarray(res.states.vb.tau)[alive].mean(0))
-    alpha = jnp.asarray(np.asarray(res.states.vb.alpha)[alive].mean(0))
+    # host arrays throughout (as JAX operations one at a time, each ran a program of its own)
+    g = Globals(*(np.asarray(res.messages[k])[alive].mean(0) for k in ("mw", "vw", "mmu", "vmu")))
+    tau = np.asarray(res.states.vb.tau)[alive].mean(0)
+    alpha = np.asarray(res.states.vb.alpha)[alive].mean(0)
     M = cfg.M
     mz = to_rows(res.states.vb.mz, index, np.zeros((N, M)))
     Sz = to_rows(res.states.vb.Sz, index, np.tile(np.eye(M), (N, 1, 1)))
-    return q_of(cfg, g, tau, alpha, jnp.asarray(mz), jnp.asarray(Sz))
+    return q_of(cfg, g, tau, alpha, mz, Sz)
 
 
 def _distributed_draws(ctx: FitContext, cfg, res, index, J):

@@ -94,8 +94,9 @@ def agreement(graph):
     max |p_i - p_j| (P: (J, p) the flattened messages) and the max principal angle (degrees) between the nodes'
     W (J, D, M) over active pairs; both 0 without edges."""
     J = graph.J
-    edges = jnp.asarray(graph.edges) if len(graph.edges) else jnp.zeros((0, 2), jnp.int64)
-    pairs = jnp.asarray(np.stack(np.triu_indices(J, 1), 1)) if J > 1 else jnp.zeros((0, 2), jnp.int64)
+    # NumPy constants of the compiled round (as JAX arrays, each ran a program when the protocol was built)
+    edges = np.asarray(graph.edges) if len(graph.edges) else np.zeros((0, 2), np.int64)
+    pairs = np.stack(np.triu_indices(J, 1), 1) if J > 1 else np.zeros((0, 2), np.int64)
 
     def stats(P, W, active):
         if not len(graph.edges):
