@@ -11,7 +11,8 @@ Each model's frame is checkpointed to ``BENCH_CA_DIR`` (default ``build/bench_co
 reused by a rerun (delete it to measure again). ``BENCH_CA_MODELS``: comma-separated models (default: ppca,
 mppca, bpca, hlcr); ``BENCH_CA_METHODS``: ``model/method`` names to keep (default: every method);
 ``BENCH_CA_SAMPLER_CAP``: the most draws per chain a sampler's ladder goes to (default: none; the default
-ladders go to twice the demo's setting).
+ladders go to twice the demo's setting); ``BENCH_CA_BEFORE``: a checkpoint folder of the same ladders run on
+other code, compared program by program with this one.
 """
 
 from __future__ import annotations
@@ -124,6 +125,24 @@ def main(h) -> None:
                 note="XLA programs built during each fit (JAX's backend-compile events: compiled or read from the "
                      "persistent cache). Budgets that are arguments of the compiled programs add no program after "
                      "the first fit; compile s counts tracing too.")
+    before = os.environ.get("BENCH_CA_BEFORE")
+    for model in models if before else []:
+        old_path = Path(before) / f"{model}.csv"
+        if not old_path.is_file():
+            continue
+        old, new = pd.read_csv(old_path), pd.read_csv(checkpoint_dir() / f"{model}.csv")
+        old_at = (Path(before) / f"{model}.commit").read_text().strip() if (Path(before) / f"{model}.commit"
+                                                                           ).is_file() else "unrecorded"
+        h.table(f"{model}: XLA programs of each method's whole ladder, code at {old_at} and at {measured_at(model)}",
+                [{"method": m, "fits": len(g),
+                  "programs before": int(old.loc[old["method"] == m, "xla_programs"].sum()),
+                  "programs after": int(g["xla_programs"].sum()),
+                  "compile s before": f"{old.loc[old['method'] == m, 'compile_seconds'].sum():.1f}",
+                  "compile s after": f"{g['compile_seconds'].sum():.1f}"}
+                 for m, g in new.groupby("method", sort=False)],
+                note="The same ladders (budgets, seeds, data) on both sides, each in one process; programs: JAX's "
+                     "backend-compile events (compiled or read from the persistent cache), so they do not depend on "
+                     "the cache; compile s counts tracing too and was measured under load.")
     h.table("Seconds to meet the rule, every model's methods side by side", summary,
             note="Run seconds of the first budget (in brackets, in the method's unit) at which every seed meets the "
                  "method's rule; never: not within its ladder, with the worst mean error (reference sd) it ends at. "
