@@ -45,5 +45,9 @@ def executed(path: Path, directory: Path) -> Path:
             raise
 
 
-def all_executed(directory: Path) -> list[Path]:
-    return [executed(p, directory) for p in sources()]
+def all_executed(directory: Path, *, reverse: bool = False) -> list[Path]:
+    """Every notebook executed into ``directory``. ``reverse``: from the last one, so that a worker that needs them
+    all while another runs tests/test_notebooks.py (first to last) executes the other half instead of waiting."""
+    paths = sources()
+    done = {p: executed(p, directory) for p in (reversed(paths) if reverse else paths)}
+    return [done[p] for p in paths]

@@ -32,7 +32,7 @@ GENERATED = ("_build", "_generated", "notebooks", "generated", "zoo.md", "infere
 def site(tmp_path_factory) -> Path:
     """The site built from a copy of docs/ (nothing is written into the checkout)."""
     runs = session_dir(tmp_path_factory)
-    all_executed(runs)
+    all_executed(runs, reverse=True)
     work = tmp_path_factory.mktemp("docs")
     shutil.copytree(ROOT / "docs", work / "docs", ignore=shutil.ignore_patterns(*GENERATED))
     env = {**os.environ, "BAYES_ZOO_ROOT": str(ROOT), "BAYES_ZOO_DOCS_NOTEBOOKS": str(runs),
