@@ -171,6 +171,8 @@ def _gallery(paths: list[Path]) -> None:
         cards.append(f":::{{grid-item-card}} {title}\n{img}:link: notebooks/{path.stem}\n:link-type: doc\n"
                      f":class-img-top: gallery-thumb\n\n{blurb}\n:::\n")
     (GEN / "gallery.md").write_text("::::{grid} 1 2 2 3\n:gutter: 3\n\n" + "\n".join(cards) + "::::\n")
+    toc = "".join(f"notebooks/{path.stem}\n" for path in paths)  # the navigation in the gallery's order
+    (GEN / "gallery_toc.md").write_text(f"```{{toctree}}\n:hidden:\n\n{toc}```\n")
 
 
 def _findings(path: Path) -> str:
