@@ -149,7 +149,7 @@ def _images(nb) -> list[bytes]:
             for out in c.get("outputs", []) if "image/png" in out.get("data", {})]
 
 
-FIRST = ["posterior_quality_101", "prior_sensitivity"]  # the tutorials, before the papers' notebooks
+FIRST = ["posterior_quality_101", "prior_sensitivity", "cost_accuracy"]  # the tutorials, then the papers'
 
 
 def _gallery(paths: list[Path]) -> None:

@@ -7,6 +7,10 @@
 # %% [markdown]
 # # Accuracy against compute: when does the fast approximation win, and where does it stop improving?
 #
+# **What you will learn:** how to put a method's accuracy against the seconds it costs: a ladder of budgets
+# scored against one reference; why an exact sampler's error falls as one over the square root of its draws
+# while a variational method's stops at its bias; which method reaches the rule first.
+#
 # A verdict at one setting ("VB-EM fails, NUTS passes") leaves out what you pay for it. This notebook runs two
 # methods of one model on a *ladder* of budgets, scores every run against the same healthy MCMC reference, and
 # reads the curve of error against seconds: where variational Bayes is the better buy, and where it stops
