@@ -159,10 +159,60 @@ def count_compiles(tree, size: str = "tiny", pairs: tuple[str, ...] = ()) -> lis
     return rows
 
 
+BUDGETS_CHILD = """
+import json
+from tests.conftest import release_compiled_programs
+import inference, zoo
+from inference._methods import get_method
+from inference._timing import Stopwatch
+
+BUDGETS = ("max_iter", "tol", "num_samples", "num_warmup", "num_steps", "thinning")
+for model in zoo.list_models():
+    spec = zoo.get(model)
+    for method in inference.methods_for(model):
+        declared = get_method(spec, method).declared
+        opts = {**{k: o.tiny for k, o in declared.items() if o.tiny is not None}, **spec.tiny_hyperparameters}
+        other = dict(opts)
+        for name in BUDGETS:
+            if name in declared:
+                v = opts.get(name, declared[name].default)
+                other[name] = v * 10 if name == "tol" else (v + 1 if name == "thinning" else max(1, v - v // 3))
+        data = spec.tiny_data()[0]
+        release_compiled_programs()
+        inference.fit(model, data, method, seed=3, progress=False, **opts)
+        with Stopwatch() as w:
+            inference.fit(model, data, method, seed=5, progress=False, **other)
+        changed = sorted(k for k in other if other[k] != opts.get(k))
+        print("BUDGET " + json.dumps({"pair": f"{model}/{method}", "changed": changed, "xla": len(w.xla_compiles)}),
+              flush=True)
+"""
+
+
+def count_budget_compiles(tree) -> list[dict]:
+    """XLA programs of a fit that changes every budget a method declares (``tests/test_contract.py``'s rule: an
+    integer budget about two thirds of its tiny value, ``thinning`` one more, ``tol`` ten times larger) and the
+    seed, after a cold tiny fit of the same pair, in one process of ``tree`` (every kept program released before
+    each pair). The rule is copied into the child, so a tree without it (an older commit) runs it too."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run([sys.executable, "-c", BUDGETS_CHILD], cwd=tree, env=env, text=True, capture_output=True,
+                          timeout=7200)
+    rows = [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("BUDGET ")]
+    if not rows:
+        raise RuntimeError(done.stderr[-2000:])
+    return rows
+
+
 if __name__ == "__main__":
     import sys
 
     # python benchmarks/bench_compile.py counts TREE tiny|demo [model/method ...]: JSON lines of compile counts
     if sys.argv[1:2] == ["counts"]:
         for row in count_compiles(sys.argv[2], sys.argv[3], tuple(sys.argv[4:])):
+            print(json.dumps(row))
+    # python benchmarks/bench_compile.py budgets TREE: JSON lines of the XLA programs of a fit with other budgets
+    if sys.argv[1:2] == ["budgets"]:
+        for row in count_budget_compiles(sys.argv[2]):
             print(json.dumps(row))

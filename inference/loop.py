@@ -25,6 +25,8 @@ This module runs them:
   ``Info.may_stop`` (optional boolean field) vetoes the stopping rule at a step.
 * ``sample_chains``: Markov kernels (Gibbs), ``num_chains`` chains vectorised, ``num_warmup`` steps
   dropped, every ``thinning``-th of the next ``num_samples * thinning`` steps kept (selected in the program).
+* ``draws_in_blocks``: draws from a fitted q through a compiled program of a fixed block of keys, so no program
+  depends on ``num_samples``.
 
 Each runs as **one** compiled program per kernel, whatever the budgets: ``max_iter``, ``tol``, ``num_warmup``,
 ``num_samples``, ``thinning`` and the key are arguments of the program, the start (key splitting and ``init``)
