@@ -30,10 +30,12 @@ from zoo._validation import check_value
 MethodKind = Literal["sampler", "variational", "point"]
 
 # The constraint of every option name, one meaning per name across methods (DEVELOPERS: one name per
-# concept). Checked by ``resolve_options`` for every method (built-in or registered later) before the
-# method's own ``check`` (ranges, choices); names a method registers that are not listed here are not
-# type-checked. Constraint words as for ``zoo.Hyper`` (``zoo._registry.Constraint``); ``|None`` where
-# None is a meaningful value, never otherwise.
+# concept): the one table every method's options are checked by. ``register_method`` gives each option of a
+# method (a bare default or an ``Option``) the constraint listed here, and refuses an ``Option`` whose own
+# constraint says otherwise; ``resolve_options`` checks every value by it before the method's own ``check``
+# (ranges, choices). Only a name not listed here (an option a method registered later invents) keeps its
+# ``Option``'s constraint ("any" when none is given). Constraint words as for ``zoo.Hyper``
+# (``zoo._registry.Constraint``); ``|None`` where None is a meaningful value, never otherwise.
 OPTION_CONSTRAINTS: dict[str, str] = {
     # loops and draws
     "num_warmup": "nonnegative_int",
@@ -53,6 +55,7 @@ OPTION_CONSTRAINTS: dict[str, str] = {
     "progress": "bool|None",
     # samplers
     "dense_mass": "bool",
+    "reformulate": "bool",
     "target_accept_prob": "open_unit_interval",
     "max_tree_depth": "positive_int",
     "collapsed": "bool",
@@ -138,21 +141,43 @@ class Option:
     (model, method) pair with on tiny data (None: the default), e.g. 20 samples instead of 1000."""
 
     default: Any
-    constraint: str = "any"
+    constraint: str | None = None  # None: the name's entry of OPTION_CONSTRAINTS ("any" if it has none)
     doc: str = ""
     choices: tuple[Any, ...] | None = None
     tiny: Any = None
 
     def check(self, name: str, value: Any) -> Any:
-        value = check_value(name, value, self.constraint)
+        value = check_value(name, value, self.constraint or option_constraint(name))
         if self.choices is not None and value not in self.choices:
             raise ValueError(f"{name}: expected one of {list(self.choices)}, got {value!r}")
         return value
 
 
+def option_constraint(name: str, declared: str | None = None) -> str:
+    """The constraint of option ``name``: its entry of ``OPTION_CONSTRAINTS``; a name the table does not list
+    keeps ``declared`` ("any" when None). A ``declared`` constraint that contradicts the table is a
+    ``ValueError`` naming the option: one name, one meaning, whichever method declares it."""
+    listed = OPTION_CONSTRAINTS.get(name)
+    if listed is None:
+        return declared or "any"
+    if declared is not None and declared != listed:
+        raise ValueError(f"{name}: declared with constraint {declared!r}, but OPTION_CONSTRAINTS gives {listed!r} "
+                         f"(one constraint per option name; change the table or the name)")
+    return listed
+
+
+def _with_constraint(name: str, option: Option | Any) -> Option:
+    """``option`` (an ``Option`` or a bare default) as an ``Option`` carrying its constraint
+    (``option_constraint``)."""
+    if not isinstance(option, Option):
+        return Option(option, option_constraint(name))
+    return dataclasses.replace(option, constraint=option_constraint(name, option.constraint))
+
+
 # Options every method accepts.
 COMMON_OPTIONS: dict[str, Option] = {
-    "progress": Option(None, "bool|None", "show a progress bar (default: only when stderr is a terminal)")}
+    "progress": _with_constraint("progress", Option(None, doc="show a progress bar (default: only when stderr is a "
+                                                              "terminal)"))}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,11 +229,11 @@ def register_method(name: str, *, kind: MethodKind, options: Mapping[str, Option
     """Decorator registering ``run(ctx) -> Draws`` as method ``name``.
 
     ``options``: name -> ``Option(default, constraint, doc, choices)`` (every accepted option must appear
-    here; ``fit`` rejects unknown names). A bare value is an option with that default whose constraint is
-    looked up in ``OPTION_CONSTRAINTS``. ``check(options)`` may add validation that relates options.
+    here; ``fit`` rejects unknown names); a bare value is an option with that default. Every option's
+    constraint is its entry of ``OPTION_CONSTRAINTS`` (``option_constraint``: an ``Option`` may restate it, not
+    contradict it). ``check(options)`` may add validation that relates options.
     """
-    declared = {**COMMON_OPTIONS, **{k: v if isinstance(v, Option) else Option(v, OPTION_CONSTRAINTS.get(k, "any"))
-                                     for k, v in options.items()}}
+    declared = {**COMMON_OPTIONS, **{k: _with_constraint(k, v) for k, v in options.items()}}
 
     def deco(run: Callable[[FitContext], Draws]):
         method = Method(name, run, declared, kind, models, check, (run.__doc__ or "").strip())
