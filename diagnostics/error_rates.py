@@ -126,7 +126,7 @@ def perturbed_view(view, label: str, *, shift: float = 0.0, scale: float = 1.0):
     """A copy of the compared view ``view`` whose draws of scalar ``label`` are x -> mean + scale (x - mean) +
     shift (pooled mean), every statistic recomputed from the new draws by ``diagnostics.view``'s own
     functions; the tree, kind and floors are the base run's."""
-    from diagnostics.health import component_labels
+    from diagnostics.quantities import component_labels
     from diagnostics.view import per_scalar_draws, scalar_stats
 
     name = label.split("[", 1)[0]

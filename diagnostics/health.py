@@ -8,7 +8,7 @@ stricter where posteriordb's is loose:
 * at least ``MIN_CHAINS`` (4) chains and ``MIN_DRAWS`` (4000) stored draws;
 * rank-normalised split R-hat (Vehtari et al. 2021) below ``RHAT_MAX`` (1.01), and bulk and tail ESS at
   least ``ESS_MIN`` (400), on **every scalar component of every compared quantity** (the label-invariant
-  summaries for mixtures, ``diagnostics.scorecard.compared_posterior``); the tail ESS is Vehtari et al.'s, the
+  summaries for mixtures, ``diagnostics.quantities.compared_posterior``); the tail ESS is Vehtari et al.'s, the
   smaller ESS of the indicators I(x <= q05) and I(x <= q95) (``TAIL_PROBS``), fixed here so that ArviZ's
   ``rcParams["stats.ci_prob"]`` (whose default 0.89 would give the 11 %/89 % quantiles) changes no verdict;
 * no divergent transition, and E-BFMI above ``EBFMI_MIN`` (0.3) in every chain (Betancourt 2016), for
@@ -36,7 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
-SAMPLE_DIMS = ("chain", "draw")
+from diagnostics.quantities import SAMPLE_DIMS, compared_posterior, labels_of
+
 TAIL_PROBS = (0.05, 0.95)  # the quantiles of the tail ESS (Vehtari et al. 2021, sec. 4.3), whatever ArviZ's rcParams
 
 
@@ -53,42 +54,6 @@ class HealthRule:
 
 REFERENCE_RULE = HealthRule()
 Z_MAX = 4.0
-
-
-def component_labels(name: str, shape: tuple[int, ...], entries: list[list[str]] | None = None) -> list[str]:
-    """``name[i,j]`` labels of every scalar component of a variable with non-sample ``shape``, in C order
-    (the labels the scorecard uses); ``entries`` (``dim_entries``): per dim, the names of its entries (default:
-    their positions), so a dim the user labelled reads ``mu_sorted[0,Hwt]``."""
-    if not shape:
-        return [name]
-    if entries is None:
-        return [f"{name}[{','.join(map(str, idx))}]" for idx in np.ndindex(*shape)]
-    return [f"{name}[{','.join(entries[k][i] for k, i in enumerate(idx))}]" for idx in np.ndindex(*shape)]
-
-
-def dim_entries(da: xr.DataArray) -> list[list[str]]:
-    """Per non-sample dim of ``da``, in order, the names of its entries in labels: the values of a coordinate of
-    strings (the user's column or group names, which ``diagnostics.view.compared_posterior`` carries onto the
-    summaries, or entries a summary names itself), each distinct, else the positions 0, 1, ... (numeric
-    coordinates: positions, grids, draws' own indices)."""
-    out = []
-    for d in da.dims:
-        if d in SAMPLE_DIMS:
-            continue
-        coord = da.coords.get(d)
-        values = None if coord is None else coord.values.tolist()
-        if values is not None and coord.dtype.kind in "USO" and all(isinstance(v, str) for v in values) \
-                and len(set(values)) == len(values):
-            out.append(values)
-        else:
-            out.append([str(i) for i in range(da.sizes[d])])
-    return out
-
-
-def labels_of(da: xr.DataArray, name: str | None = None) -> list[str]:
-    """The labels of every scalar component of ``da`` (``component_labels`` with ``dim_entries``), C order."""
-    shape = tuple(n for d, n in da.sizes.items() if d not in SAMPLE_DIMS)
-    return component_labels(str(da.name if name is None else name), shape, dim_entries(da))
 
 
 def per_component(stat: xr.Dataset, names) -> dict[str, float]:
@@ -168,8 +133,6 @@ def mcmc_health(tree: xr.DataTree, ds: xr.Dataset | None = None, *,
     import arviz_stats as azs
 
     if ds is None:
-        from diagnostics.scorecard import compared_posterior
-
         ds = compared_posterior(tree)
     n_chains, n_draws = int(ds.sizes["chain"]), int(ds.sizes["chain"] * ds.sizes["draw"])
     names, constant = _varying(ds)

@@ -35,7 +35,8 @@ import xarray as xr
 from scipy.optimize import linear_sum_assignment
 from scipy.spatial.distance import cdist
 
-SAMPLE_DIMS = ("chain", "draw")
+from diagnostics.quantities import SAMPLE_DIMS
+
 JOINT_MAX_DRAWS = 500  # draws per side used by the joint metrics (as ArviZ: num_samples=500)
 JOINT_MAX_DIM = 200  # at most this many scalar components enter the joint metrics (the first ones)
 KHAT_GOOD, KHAT_BAD = 0.5, 0.7

@@ -52,8 +52,9 @@ import xarray as xr
 
 import zoo
 from diagnostics import references
-from diagnostics.health import SAMPLE_DIMS, component_labels, mcmc_health
-from diagnostics.view import COMPARED_ATTR, compared_posterior, scalar_stats
+from diagnostics.health import mcmc_health
+from diagnostics.quantities import COMPARED_ATTR, SAMPLE_DIMS, compared_posterior, component_labels
+from diagnostics.view import scalar_stats
 from inference import load as load_tree
 from inference.trees import problem_of
 

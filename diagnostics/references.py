@@ -163,7 +163,7 @@ def compared_sites(tree: xr.DataTree) -> list[str]:
     """The posterior variables the compared quantities are computed from (``compared_posterior``): every variable
     of a model without summaries; for one with summaries, each variable without which the summaries come out
     different or not at all (bpca's per-row latents ``z``, for instance, enter none of them)."""
-    from diagnostics.view import compared_posterior
+    from diagnostics.quantities import compared_posterior
 
     post = tree["posterior"].to_dataset()
     names = list(map(str, post.data_vars))
@@ -440,7 +440,7 @@ def generate(name: str, data: Mapping[str, Any] | None = None, *, tag: str = "de
     ``work_dir(name, tag)``), kept when the reference is refused.
     """
     from diagnostics.health import Z_MAX, agreement, mcmc_health
-    from diagnostics.scorecard import compared_posterior
+    from diagnostics.quantities import compared_posterior
     from inference.trees import package_versions
 
     spec = zoo.get(name)
@@ -723,7 +723,7 @@ def rerun_second_seed(tree: xr.DataTree, progress: bool | None = None) -> dict:
     ``mcmc_health``). On another machine or package version the rerun's draws differ in their last bits and
     then entirely, so it checks the statistics, not the numbers, of the record."""
     from diagnostics.health import agreement, mcmc_health
-    from diagnostics.scorecard import compared_posterior
+    from diagnostics.quantities import compared_posterior
 
     record = json.loads(tree.attrs["validation"])
     spec = zoo.get(tree.attrs["model"])

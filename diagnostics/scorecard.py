@@ -99,6 +99,7 @@ import xarray as xr
 from scipy import stats
 
 from diagnostics import metrics
+from diagnostics.health import mcmc_health
 from diagnostics.view import (
     NUMERIC_FLOOR,
     ComparedView,
@@ -141,8 +142,6 @@ def reference_health(reference: xr.DataTree | ComparedView, ds: xr.Dataset | Non
     compared quantities (``ds``, or the view's)."""
     if isinstance(reference, ComparedView):
         return reference.health
-    from diagnostics.health import mcmc_health
-
     return mcmc_health(reference, ds if ds is not None else compared_posterior(reference))
 
 

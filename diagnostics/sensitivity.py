@@ -95,7 +95,7 @@ def _positional(post: xr.Dataset, keep_labels: bool = False) -> xr.Dataset:
 
 def _named_labels(post: xr.Dataset) -> dict[str, str]:
     """positional label (``g[3]``, ArviZ's rows) -> the label of the scorecard (``mu_sorted[0,Hwt]``)."""
-    from diagnostics.health import SAMPLE_DIMS, component_labels, labels_of
+    from diagnostics.quantities import SAMPLE_DIMS, component_labels, labels_of
 
     out = {}
     for name, da in post.data_vars.items():

@@ -34,58 +34,21 @@ import pandas as pd
 import xarray as xr
 
 import zoo
-from diagnostics.health import SAMPLE_DIMS, TAIL_PROBS, labels_of
-from inference.trees import problem_of
+from diagnostics.health import TAIL_PROBS, mcmc_health
+from diagnostics.quantities import (  # noqa: F401  (COMPARED_ATTR, with_user_labels: re-exported)
+    COMPARED_ATTR,
+    SAMPLE_DIMS,
+    compared_draws,
+    compared_posterior,
+    is_positions,
+    labels_of,
+    spec_of,
+    with_user_labels,
+)
 
 FLOOR_FRACTION = 0.01  # absolute floor of a bounded quantity, as a fraction of its range (module scorecard)
 NUMERIC_FLOOR = 1e-9  # differences below 1e-9 x max(1, |reference mean|) are float noise, never a failure
-COMPARED_ATTR = "compared_posterior"  # a tree whose posterior holds the compared quantities (an imported reference)
 STAT_COLUMNS = ("mean", "sd", "ess_bulk", "ess_tail", "ess_mean", "rhat", "mcse_mean", "mcse_sd")
-
-
-def _spec_of(tree: xr.DataTree) -> zoo.ModelSpec | None:
-    name = tree.attrs.get("model")
-    try:
-        return zoo.get(name) if name else None
-    except ValueError:
-        return None
-
-
-def compared_posterior(tree: xr.DataTree, spec: zoo.ModelSpec | None = None) -> xr.Dataset:
-    """The dataset a scorecard compares: the label-invariant summaries for mixtures (of the data and
-    hyperparameters the tree was fitted with, ``inference.trees.problem_of``), else the posterior."""
-    return _compared(tree["posterior"].to_dataset(), tree, spec or _spec_of(tree))
-
-
-def _compared(post: xr.Dataset, tree: xr.DataTree, spec: zoo.ModelSpec | None) -> xr.Dataset:
-    """``compared_posterior`` of the posterior draws ``post`` of ``tree`` (a tree marked ``COMPARED_ATTR``, a
-    reference read from posteriordb, holds them already)."""
-    if tree.attrs.get(COMPARED_ATTR):
-        return with_user_labels(post, post)
-    if spec is not None and spec.summaries is not None:
-        _, data, hyper = problem_of(tree)
-        return with_user_labels(spec.summaries(post, data, hyper), post)
-    return with_user_labels(post, post)
-
-
-def with_user_labels(ds: xr.Dataset, post: xr.Dataset) -> xr.Dataset:
-    """``ds`` with the posterior's labels on every dim the two share at the same size (a summary indexes a
-    ``feature`` dim by position; the tree carries the table's column names there): string coordinates, so the
-    labels of ``diagnostics.health.labels_of`` (every verdict, table and plot) read ``mu_sorted[0,Hwt]``. Labels
-    that are positions 0, 1, ... or floats (a grid) are not carried; integer labels become strings."""
-    assign = {}
-    for d in ds.dims:
-        if d in SAMPLE_DIMS or d not in post.coords or post.sizes.get(d) != ds.sizes[d]:
-            continue
-        values = np.asarray(post[d].values)
-        if values.dtype.kind == "f" or _positions(values):
-            continue
-        assign[d] = [str(v) for v in values.tolist()]
-    return ds.assign_coords(assign) if assign else ds
-
-
-def _positions(values: np.ndarray) -> bool:
-    return values.dtype.kind in "iu" and np.array_equal(values, np.arange(len(values)))
 
 
 def carry_user_labels(tree: xr.DataTree, donors) -> xr.DataTree:
@@ -108,7 +71,7 @@ def carry_user_labels(tree: xr.DataTree, donors) -> xr.DataTree:
                 continue
             mine = np.asarray(post[d].values) if d in post.coords else np.arange(post.sizes[d])
             theirs = np.asarray(theirs_post[d].values)
-            if _positions(mine) and not _positions(theirs) and theirs.dtype.kind != "f":
+            if is_positions(mine) and not is_positions(theirs) and theirs.dtype.kind != "f":
                 assign[d] = theirs
     if not assign:
         return tree
@@ -241,8 +204,6 @@ class ComparedView:
         whose validation record (``attrs["validation"]``, ``diagnostics.references.generate``) failed a check
         of the stored-reference standard beyond this rule (the second seed, the exact cross-check) is
         unhealthy too: those failures and the record's ``advice`` are added."""
-        from diagnostics.health import mcmc_health
-
         health = mcmc_health(self.tree, self.ds)
         try:
             record = json.loads(self.tree.attrs.get("validation", "{}"))
@@ -269,7 +230,7 @@ class ComparedView:
         if not carried:
             return lambda text: text
         one = post.isel(chain=[0], draw=[0]).assign_coords({d: np.arange(post.sizes[d]) for d in carried})
-        bare = _compared(one, self.tree, self.spec)
+        bare = compared_draws(one, self.tree, self.spec)
         mapping = {}
         for name in self.ds.data_vars:
             if name in bare.data_vars and bare[name].shape[2:] == self.ds[name].shape[2:]:
@@ -308,7 +269,7 @@ def compared_view(tree: xr.DataTree | ComparedView, *, name: str | None = None,
         return tree
     if not isinstance(tree, xr.DataTree) or "posterior" not in tree.children:
         raise ValueError(f"tree: expected an ArviZ DataTree with a 'posterior' group, got {type(tree).__name__}")
-    spec = spec or _spec_of(tree)
+    spec = spec or spec_of(tree)
     ds = compared_posterior(tree, spec)
     draws = per_scalar_draws(ds)
     return ComparedView(name=name or str(tree.attrs.get("method", "candidate")), tree=tree, spec=spec,

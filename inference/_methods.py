@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import pkgutil
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 import jax
@@ -248,10 +249,8 @@ def kernel_modules() -> list[str]:
     """Every module of every paper package ``inference/<paper>/``: each package is imported first (its
     ``__init__`` imports its method modules in the paper's order, which is the order ``methods_for`` lists
     them in), then the walk finds every other module."""
-    import inference
-
     found = []
-    for pkg in pkgutil.iter_modules(inference.__path__):
+    for pkg in pkgutil.iter_modules([str(Path(__file__).parent)]):  # the inference package's folder
         if not pkg.ispkg or pkg.name in GENERIC_PACKAGES or pkg.name.startswith("_"):
             continue
         package = importlib.import_module(f"inference.{pkg.name}")

@@ -11,6 +11,7 @@ one is a failure naming the file, the line and the import.
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,144 @@ def test_only_the_tests_of_the_benchmark_code_import_benchmarks():
     bad = benchmark_imports(p for p in tests if p.name not in BENCHMARK_TESTS)
     assert not bad, "tests importing benchmarks/ (move what they share into the library or a test helper):\n" + \
         "\n".join(bad)
+
+
+# --- no circle among the library's modules -------------------------------------------------------------------
+
+LIBRARY = ("zoo", "inference", "diagnostics", "zoo_cli")
+# Circles still allowed, each with its reason; the test fails when a listed one is gone (shrink the list) as when a
+# new one appears.
+ALLOWED_CIRCLES: dict[frozenset[str], str] = {
+    frozenset({"diagnostics.compare", "diagnostics.cost_accuracy", "diagnostics.plots", "diagnostics.report",
+               "diagnostics.workers"}):
+        "the comparison pipeline: compare runs the cost-accuracy ladder and dispatches fits to worker processes, "
+        "which run compare's own steps (plan_comparison, fit_prepared_methods, compare_model); the ladder reuses "
+        "compare's option and reference helpers, and the report and its plots read the ladder's time_to_rule. "
+        "Breaking it means splitting compare.py into its planning helpers and its pipeline.",
+}
+
+
+def library_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in source_files() if p.relative_to(ROOT).parts[0] in LIBRARY}
+
+
+def import_edges(path: Path, modules) -> set[str]:
+    """The library modules ``path`` imports, at module level or inside a function: ``from pkg import sub`` is an
+    import of the module ``pkg.sub`` when there is one, else of ``pkg``; importing a package's submodule is not
+    counted as importing the package's ``__init__`` (every submodule would otherwise close a circle with an
+    ``__init__`` that re-exports it)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join([*package[:len(package) - node.level + 1], *([node.module] if node.module else [])]) \
+                if node.level else node.module
+            out |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "import_module" and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)):
+            out.add(node.args[0].value)
+    return {m for m in out if m in modules and m != module_name(path)}
+
+
+def circles(graph: Mapping[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan), i.e. every import circle."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(frozenset(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_circle_finder_sees_a_circle_through_a_function_level_import(tmp_path, monkeypatch):
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    (tmp_path / "diagnostics").mkdir()
+    files = {"__init__": "from diagnostics.a import f\n", "a": "from diagnostics import b\n",
+             "b": "def g():\n    from . import c\n", "c": "from diagnostics.a import f\n",
+             "d": "import diagnostics.a\n"}
+    for name, text in files.items():
+        (tmp_path / "diagnostics" / f"{name}.py").write_text(text)
+    modules = {module_name(p): p for p in (tmp_path / "diagnostics").glob("*.py")}
+    graph = {m: import_edges(p, modules) for m, p in modules.items()}
+    assert graph["diagnostics.b"] == {"diagnostics.c"} and graph["diagnostics"] == {"diagnostics.a"}
+    assert circles(graph) == [frozenset({"diagnostics.a", "diagnostics.b", "diagnostics.c"})]
+
+
+def test_no_import_circle_among_the_library_modules():
+    modules = library_modules()
+    graph = {m: import_edges(p, modules) for m, p in modules.items()}
+    found = circles(graph)
+    new = [sorted(c) for c in found if c not in ALLOWED_CIRCLES]
+    assert not new, "import circles (move the shared helper to the lower module):\n" + "\n".join(
+        f"{c}: " + "; ".join(f"{m} -> {sorted(graph[m] & set(c))}" for m in c) for c in new)
+    gone = [sorted(c) for c in ALLOWED_CIRCLES if c not in found]
+    assert not gone, f"allowed circles that are gone (remove them from ALLOWED_CIRCLES): {gone}"
+    for diag in ("diagnostics.health", "diagnostics.view", "diagnostics.scorecard", "diagnostics.quantities"):
+        assert not any(diag in c for c in found), diag
+
+
+# The helpers of the compared quantities, each defined in one module only (the others import it).
+SHARED_HELPERS = {"SAMPLE_DIMS": "inference.trees", "component_labels": "diagnostics.quantities",
+                  "dim_entries": "diagnostics.quantities", "labels_of": "diagnostics.quantities",
+                  "compared_posterior": "diagnostics.quantities", "with_user_labels": "diagnostics.quantities",
+                  "COMPARED_ATTR": "diagnostics.quantities", "spec_of": "diagnostics.quantities",
+                  "compared_draws": "diagnostics.quantities", "is_positions": "diagnostics.quantities"}
+
+
+def module_level_definitions(path: Path) -> set[str]:
+    names = set()
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def test_the_shared_helpers_are_defined_once():
+    homes = {name: [] for name in SHARED_HELPERS}
+    for path in source_files():
+        for name in module_level_definitions(path) & set(SHARED_HELPERS):
+            homes[name].append(module_name(path))
+    assert homes == {name: [home] for name, home in SHARED_HELPERS.items()}, homes
+
+    import importlib
+
+    # by importlib: ``diagnostics.scorecard`` the attribute is the function that shadows the module
+    trees, health, metrics, view, scorecard, quantities = (importlib.import_module(m) for m in (
+        "inference.trees", "diagnostics.health", "diagnostics.metrics", "diagnostics.view", "diagnostics.scorecard",
+        "diagnostics.quantities"))
+    for module in (health, metrics, view, quantities):
+        assert module.SAMPLE_DIMS is trees.SAMPLE_DIMS == ("chain", "draw")
+    for module in (view, scorecard):  # the names they have always offered
+        assert module.compared_posterior is quantities.compared_posterior
+    assert view.with_user_labels is quantities.with_user_labels
+    assert health.labels_of is quantities.labels_of

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -282,9 +283,7 @@ def model_modules() -> list[str]:
     adding ``zoo/<model>.py``, no list to edit."""
     import pkgutil
 
-    import zoo
-
-    return sorted(m.name for m in pkgutil.iter_modules(zoo.__path__)
+    return sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)])  # the zoo package's folder
                   if not m.name.startswith("_") and not m.ispkg and m.name != "cli")
 
 
