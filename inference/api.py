@@ -131,7 +131,8 @@ def build(prepared: Prepared, draws: Draws, *, compile_seconds: float = 0.0, run
     with non_finite_as_error(prepared.name):
         tree = build_tree(ctx.spec, ctx.data, ctx.hyper, draws, method=prepared.name, seed=ctx.seed,
                           options=ctx.options, compile_seconds=compile_seconds, run_seconds=run_seconds,
-                          axis_labels=prepared.axis_labels, data_source=prepared.provenance)
+                          axis_labels=prepared.axis_labels, data_source=prepared.provenance,
+                          model_kwargs=ctx.model_kwargs)
     tree.attrs["device"] = current_device()
     return tree
 

@@ -250,8 +250,12 @@ def check_finite(name: str, arrays: Mapping[str, Any], method: str) -> None:
 def build_tree(spec: ModelSpec, data: Mapping[str, np.ndarray], hyper: Mapping[str, Any], draws,
                *, method: str, seed: int, options: Mapping[str, Any], compile_seconds: float,
                run_seconds: float, axis_labels: Mapping[str, Any] | None = None,
-               data_source: Mapping[str, Any] | None = None) -> xr.DataTree:
+               data_source: Mapping[str, Any] | None = None,
+               model_kwargs: Mapping[str, Any] | None = None) -> xr.DataTree:
     """Assemble the DataTree for ``draws`` (an ``inference.Draws``) of ``spec`` fitted to ``data``.
+
+    ``model_kwargs``: ``spec.inputs(data, hyper)`` where the caller already has them (a fit's context does:
+    gp_alps's inputs are eigendecompositions, not to be computed twice per fit); else computed here.
 
     ``axis_labels``: data-axis symbol -> labels read from a table (``zoo._frames.FrameData.axis_labels``):
     the coordinates of the data groups' axis of that symbol and of the tree dimension ``spec.axis_dims``
@@ -259,7 +263,7 @@ def build_tree(spec: ModelSpec, data: Mapping[str, np.ndarray], hyper: Mapping[s
     were read (``FrameData.provenance``), stored as JSON."""
     posterior = {k: np.asarray(v) for k, v in draws.posterior.items()}
     check_finite("posterior", posterior, method)
-    model_kwargs = spec.inputs(dict(data), dict(hyper))
+    model_kwargs = dict(model_kwargs) if model_kwargs is not None else spec.inputs(dict(data), dict(hyper))
     one_draw = {k: v[0, 0] for k, v in posterior.items()}
     trace = trace_structure(spec, model_kwargs, one_draw)
     missing = [s for s in latent_sites(trace) if s not in posterior]
