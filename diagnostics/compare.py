@@ -228,7 +228,8 @@ def run_demo(out: Path, models: Sequence[str] | None = None, *, methods: Mapping
     path.
 
     ``ladders``: the models whose pages get the section "Accuracy against compute" (every method on its ladder
-    of budgets, ``ladder_of``; run in this process after the fits): None, the cheap ones (``DEMO_LADDERS``)
+    of budgets, ``ladder_of``; with workers, each model's ladder is a call of its own, started right after the
+    long poles): None, the cheap ones (``DEMO_LADDERS``)
     among ``models``; True, every one; False, none. The index page names the models left out.
 
     ``workers`` > 1: every fit runs in that many spawned worker processes (``diagnostics.workers``, longest
@@ -252,12 +253,18 @@ def run_demo(out: Path, models: Sequence[str] | None = None, *, methods: Mapping
         jobs = pool.demo_jobs([(spec.name, chosen[spec.name], sections[spec.name]) for spec in specs])
         log(f"{len(jobs)} fits and {len(specs)} models' pages in {workers} worker processes")
         fits = [pool.Call("fit", job.label, pool.fit_job, (job, str(out), seed, fresh)) for job in jobs]
-        # a model's pages start once its fits are done, after every fit has started (the fits go longest first)
-        page_calls = [pool.Call("pages of", spec.name, pool.page_job, (spec.name, chosen[spec.name], str(out), seed),
-                                frozenset(("fit", job.label) for job in jobs if job.model == spec.name))
+        # the ladders (against the stored reference: they need no fit) start right after the demo's long poles,
+        # being long themselves; a model's pages start once its fits (and its ladder) are done, after every fit
+        # has started (the fits go longest first)
+        poles = sum(pool.is_long_pole(job) for job in jobs)
+        ladder_calls = [pool.Call("ladder", name, pool.ladder_job, (name, chosen[name], str(out))) for name in laddered]
+        page_calls = [pool.Call("pages of", spec.name, pool.page_job,
+                                (spec.name, chosen[spec.name], str(out), seed, spec.name in laddered),
+                                frozenset(("fit", job.label) for job in jobs if job.model == spec.name)
+                                | ({("ladder", spec.name)} if spec.name in laddered else set()))
                       for spec in specs]
         with pool.WorkerPool(workers, log) as workers_pool:
-            done = workers_pool.run_calls(fits + page_calls)
+            done = workers_pool.run_calls(fits[:poles] + ladder_calls + fits[poles:] + page_calls)
         for spec in specs:                       # the index in the models' order, whatever order they ended in
             pages.update(done[("pages of", spec.name)])
     for i, spec in enumerate(specs if workers == 1 else [], 1):
@@ -267,13 +274,6 @@ def run_demo(out: Path, models: Sequence[str] | None = None, *, methods: Mapping
         for dataset, page in compare_real_data(spec, out, seed=seed, fresh=fresh, progress=progress,
                                                log=log).items():
             pages[f"{spec.name} / real data: {dataset}"] = page
-    def quiet(line: str) -> None:               # the ladders' pages reuse the workers' trees, as the workers' pages do
-        if not (": reusing " in line and line.endswith(".nc")):
-            log(line)
-
-    for i, name in enumerate(laddered if workers > 1 else [], 1):   # trees on disk: the ladders, then the page
-        log(f"[ladder {i}/{len(laddered)}] {name}")
-        pages[name] = compare_model(name, chosen[name], out, seed=seed, progress=progress, ladder=True, log=quiet)
     left_out = [spec.name for spec in specs if spec.name not in laddered]
     note = None
     if laddered or left_out:

@@ -5,7 +5,8 @@ The demo is a list of independent fits: each (model, method) on the model's comp
 ``workers`` processes, longest first (``demo_jobs``), each fit written to the very path, with the very run stamp,
 that the in-process pipeline of ``diagnostics.compare`` writes; each model's pages (``page_job``:
 ``compare_model`` and ``compare_real_data``) are written in the workers, reusing those trees, as soon as that
-model's fits are done and a worker is free of fits. So the parallel demo and the
+model's fits are done and a worker is free of fits. A model's ladders of budgets (``ladder_job``, the page's
+"Accuracy against compute") are a call of their own, right after the long poles. So the parallel demo and the
 in-process one give the same trees and the same pages, and an interrupted parallel run resumes like an
 in-process one (each tree is written atomically when its fit ends, ``inference.save``).
 
@@ -67,8 +68,13 @@ class Call:
     needs: frozenset[tuple[str, str]] = frozenset()
 
 
+def is_long_pole(job: FitJob) -> bool:
+    """Whether ``job`` is one of the demo's long poles (``_LONG_POLES``, on its comparison data)."""
+    return job.section is None and (job.model, job.method) in _LONG_POLES
+
+
 def _rank(job: FitJob) -> tuple[int, int]:
-    if job.section is None and (job.model, job.method) in _LONG_POLES:
+    if is_long_pole(job):
         return 0, _LONG_POLES.index((job.model, job.method))
     return 1 + _SLOW_FIRST.get(job.method, len(_SLOW_FIRST)), 0
 
@@ -143,18 +149,33 @@ def fit_job(job: FitJob, out: str | os.PathLike, seed: int, fresh: bool, log: Lo
     return time.time() - t0, os.getpid()
 
 
-def page_job(model: str, methods: Sequence[str], out: str | os.PathLike, seed: int,
+def ladder_job(model: str, methods: Sequence[str], out: str | os.PathLike, log: Log = _say) -> tuple[int, int]:
+    """Run every method of ``model`` on its ladder of budgets against the stored reference (``ladder_of``, as
+    ``compare_model(..., ladder=True)`` does) and leave its marker in ``out/<model>/``, so that the model's page
+    job reuses the frame instead of running it again. Returns the ladder's number of rows and the process id."""
+    import zoo
+    from diagnostics.compare import ladder_of
+    from diagnostics.cost_accuracy import CSV
+
+    frame = ladder_of(zoo.get(model), list(methods), Path(out) / model, progress=False, log=log)
+    frame.to_csv(Path(out) / model / CSV, index=False)   # the page job's reuse reads it
+    return len(frame), os.getpid()
+
+
+def page_job(model: str, methods: Sequence[str], out: str | os.PathLike, seed: int, ladder: bool = False,
              log: Log = _say) -> tuple[dict[str, str], int]:
     """Write ``model``'s report page and its real-data pages from the trees the fit jobs wrote (``compare_model``
-    and ``compare_real_data``, each fit reused: the "reusing" lines are not repeated). Returns ``{index label:
-    page path}`` as ``run_demo`` collects them, and the id of the process."""
+    and ``compare_real_data``, each fit reused: the "reusing" lines are not repeated; ``ladder``: with the
+    section "Accuracy against compute" from the frame ``ladder_job`` wrote). Returns ``{index label: page
+    path}`` as ``run_demo`` collects them, and the id of the process."""
     from diagnostics.compare import compare_model, compare_real_data
 
     def quiet(line: str) -> None:
-        if not (": reusing " in line and line.endswith(".nc")):
+        if not (": reusing " in line and (line.endswith(".nc") or line.endswith(".csv"))):
             log(line)
 
-    pages = {model: str(compare_model(model, list(methods), Path(out), seed=seed, progress=False, log=quiet))}
+    pages = {model: str(compare_model(model, list(methods), Path(out), seed=seed, progress=False, ladder=ladder,
+                                      log=quiet))}
     for dataset, page in compare_real_data(model, Path(out), seed=seed, progress=False, log=quiet).items():
         pages[f"{model} / real data: {dataset}"] = str(page)
     return pages, os.getpid()

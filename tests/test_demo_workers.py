@@ -9,6 +9,7 @@ import os
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -145,6 +146,13 @@ def test_parallel_demo_gives_the_trees_and_verdicts_of_the_in_process_demo(tmp_p
     text = "\n".join(lines)
     assert "in 2 worker processes" in text and "[3/3 fit] ppca/" in text and "[1/1 pages of] ppca" in text
     assert "reusing" not in text                     # the pages reused the workers' trees without saying so
+    # ppca's ladders (a demo default) ran in a worker as a call of their own, and its page carries them
+    assert "[1/1 ladder] ppca done in worker pid" in text
+    assert text.index("[1/1 ladder] ppca") < text.index("[1/1 pages of] ppca")
+    for run in ("par", "seq"):
+        ladder = pd.read_csv(tmp_path / run / "ppca" / "cost_accuracy.csv")
+        assert list(ladder["method"].unique()) == ["em"] and len(ladder) >= 2
+        assert "Accuracy against compute" in (tmp_path / run / "ppca" / "report.html").read_text()
     assert "ppca/real_wine/vbem: " in text          # the verdict lines come from the page workers
     pids = {int(line.split("worker pid ")[1].split()[0]) for line in lines if "worker pid " in line}
     assert len(pids) >= 1 and os.getpid() not in pids   # the fits ran in other processes
