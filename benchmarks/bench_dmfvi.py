@@ -33,7 +33,7 @@ def _protocol(J, D, graph="ring", eta=10.0):
 
 def _node_data(data, J, D):
     shards, _ = nodes.make_shards(data["Y"], data["node"], J)
-    return nodes.with_start(shards, C.init_globals(jax.random.key(0), D, 3))
+    return nodes.with_start(shards, C.start_words(jax.random.key(0)))
 
 
 def runner_vs_loop(h, J, D, n_per_node, rounds=10):

@@ -73,13 +73,13 @@ from inference.bpca.common import (
     cfg_from,
     draw,
     elbo_of,
-    init_key,
+    globals_from_words,
     init_state,
     positive_root,
     q_groups,
     q_of,
     shard_of,
-    start_globals,
+    start_words,
 )
 from inference.bpca.nodes import (
     NETWORK_OPTIONS,
@@ -153,7 +153,8 @@ def edge_update(m_a, v_a, m_b, v_b, e, eta, inner: int):
 @memoised_protocol
 def make_protocol(cfg: Cfg, graph, *, eta: float, prior_weight: str, adaptive_eta: bool) -> Protocol:
     """The D-MFVI protocol on ``graph`` (module docstring). Node j holds ``NodeData(shard, start)``; ``start``
-    is the common initial global parameters (``nodes.with_start``). Built once per static configuration."""
+    is the key data of the common initial global parameters (``nodes.with_start``, ``common.start_words``), from
+    which every node derives them in its ``init``. Built once per static configuration."""
     K = graph.max_degree
     route = gossip(graph)
     edges = np.asarray(graph.edges) if len(graph.edges) else np.zeros((0, 2), np.int64)   # NumPy: no eager op
@@ -166,7 +167,7 @@ def make_protocol(cfg: Cfg, graph, *, eta: float, prior_weight: str, adaptive_et
         return c, (c if cfg.tau_consensus else jnp.asarray(1.0))
 
     def init_fn(node: NodeData, key):
-        g0 = node.start
+        g0 = globals_from_words(node.start, cfg.D, cfg.M)
         vb = init_state(cfg, g0, node.shard.X.shape[0])
         if cfg.penalty == "quadratic":
             duals = jax.tree.map(lambda a: jnp.zeros((K,) + a.shape), g0)
@@ -286,10 +287,10 @@ def fit_badmm(Y, node, J, hyper, key, o, participation=None, callback=None):
                    kl_inner=o["kl_inner"])
     graph = make_graph(o["graph"], J)
     shards, index = make_shards(Y, node, J)
-    g0 = start_globals(init_key(key), D, cfg.M)
     proto = make_protocol(cfg, graph, eta=float(o["eta"]), prior_weight=o["prior_weight"],
                           adaptive_eta=o["adaptive_eta"])
-    res = run_distributed(proto, with_start(shards, g0), host_keys.fold_in(key, 1), o, participation, callback)
+    res = run_distributed(proto, with_start(shards, start_words(key)), host_keys.fold_in(key, 1), o, participation,
+                          callback)
     return cfg, res, shards, index
 
 

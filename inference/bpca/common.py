@@ -124,11 +124,16 @@ def init_globals(key: jax.Array, D: int, M: int) -> Globals:
     return Globals(q, jnp.ones((D, M)), jnp.zeros(D), jnp.ones(D))
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def start_globals(key: jax.Array, D: int, M: int) -> Globals:
-    """``init_globals`` as one compiled call, for the distributed runs that agree on it before their first round
-    (operation by operation, the draw and the QR ran a program each)."""
-    return init_globals(key, D, M)
+def start_words(key: jax.Array) -> np.ndarray:
+    """The key of the common start (``init_key(key)``) as host words, to hand to every node of a distributed run:
+    the nodes derive the same start from it inside the run's program (``globals_from_words``), so the start costs
+    no program of its own and stays an argument (fits with other seeds reuse the run)."""
+    return host_keys.words(init_key(key))
+
+
+def globals_from_words(words, D: int, M: int) -> Globals:
+    """``init_globals`` of the key whose data are ``words`` (traced inside the run's program)."""
+    return init_globals(jax.random.wrap_key_data(words), D, M)
 
 
 def init_state(cfg: Cfg, g0: Globals, n: int) -> VBState:

@@ -41,10 +41,10 @@ from inference.bpca.common import (
     Globals,
     Shard,
     expected_sq_residual,
-    init_key,
+    globals_from_words,
     positive_root,
     second_moments,
-    start_globals,
+    start_words,
     z_step,
 )
 from inference.distributed import Protocol, gossip, make_graph
@@ -87,9 +87,10 @@ def local_em(W, mu, tau, shard: Shard, pen, learn_tau: bool):
 
 
 @nodes.memoised_protocol
-def make_protocol(graph, *, tau0: float, learn_tau: bool, eta: float) -> Protocol:
-    """The D-PPCA protocol on ``graph``. Node j holds ``nodes.NodeData(shard, start)`` with ``start`` the common
-    initial W (``nodes.with_start``). Built once per static configuration."""
+def make_protocol(graph, *, M: int, tau0: float, learn_tau: bool, eta: float) -> Protocol:
+    """The D-PPCA protocol on ``graph``. Node j holds ``nodes.NodeData(shard, start)`` with ``start`` the key data
+    of the common initial W (``nodes.with_start``, ``common.start_words``; every node derives W from it in its
+    ``init``). Built once per static configuration."""
     K = graph.max_degree
     J = graph.J
     route = gossip(graph)
@@ -99,8 +100,8 @@ def make_protocol(graph, *, tau0: float, learn_tau: bool, eta: float) -> Protoco
         return {"W": st.W, "mu": st.mu, "tau": st.tau}
 
     def init_fn(node, key):
-        W0 = node.start
-        n, (D, M) = node.shard.X.shape[0], W0.shape
+        n, D = node.shard.X.shape
+        W0 = globals_from_words(node.start, D, M).mw
         duals = {"W": jnp.zeros((K, D, M)), "mu": jnp.zeros((K, D)), "tau": jnp.zeros(K)}
         st = PPCAState(W0, jnp.zeros(D), jnp.asarray(tau0, float), duals, jnp.zeros((n, M)),
                        jnp.tile(jnp.eye(M), (n, 1, 1)), jnp.asarray(jnp.nan))
@@ -146,16 +147,14 @@ def make_protocol(graph, *, tau0: float, learn_tau: bool, eta: float) -> Protoco
 
 def fit_dppca(Y, node, J, hyper, key, o, participation=None, callback=None):
     """D-PPCA on the data; returns (RunResult, shards, index)."""
-    D = Y.shape[1]
     M = int(hyper["M"])
     graph = make_graph(o["graph"], J)
     shards, index = nodes.make_shards(Y, node, J)
-    W0 = start_globals(init_key(key), D, M).mw
     learn_tau = hyper.get("tau") is None
-    proto = make_protocol(graph, tau0=1.0 if learn_tau else float(hyper["tau"]), learn_tau=learn_tau,
+    proto = make_protocol(graph, M=M, tau0=1.0 if learn_tau else float(hyper["tau"]), learn_tau=learn_tau,
                           eta=float(o["eta"]))
-    res = nodes.run_distributed(proto, nodes.with_start(shards, W0), host_keys.fold_in(key, 1), o, participation,
-                                callback)
+    res = nodes.run_distributed(proto, nodes.with_start(shards, start_words(key)), host_keys.fold_in(key, 1), o,
+                                participation, callback)
     return res, shards, index
 
 

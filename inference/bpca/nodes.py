@@ -55,8 +55,10 @@ def make_shards(Y, node, J: int) -> tuple[Shard, np.ndarray]:
 
 
 class NodeData(NamedTuple):
-    """What node j holds: its rows, and the starting point all nodes agreed on before the run (the same at
-    every node). The start is data, not a constant of the compiled round, so fits with other seeds reuse it."""
+    """What node j holds: its rows, and what all nodes agreed on before the run to start from (the same at
+    every node; the bpca protocols: the key data of the common initial W, ``common.start_words``, from which every
+    node derives that W inside the run's program). The start is data, not a constant of the compiled round, so
+    fits with other seeds reuse it."""
 
     shard: Shard
     start: Any
