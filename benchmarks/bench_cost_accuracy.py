@@ -32,7 +32,7 @@ def checkpoint_dir() -> Path:
 
 def ladders(model: str, methods: list[str]) -> dict[str, list[int]]:
     import zoo
-    from diagnostics.cost_accuracy import default_budgets
+    from diagnostics.ladders import default_budgets
     from inference._methods import get_method
 
     cap = int(os.environ.get("BENCH_CA_SAMPLER_CAP", "0") or 0)
@@ -46,7 +46,7 @@ def ladders(model: str, methods: list[str]) -> dict[str, list[int]]:
 
 
 def run_model(model: str, methods: list[str]) -> pd.DataFrame:
-    from diagnostics.cost_accuracy import cost_accuracy
+    from diagnostics.ladders import cost_accuracy
 
     path = checkpoint_dir() / f"{model}.csv"
     if path.is_file():
@@ -77,7 +77,7 @@ def measured_at(model: str) -> str:
 
 def main(h) -> None:
     import inference
-    from diagnostics.cost_accuracy import error_slope, plateau, time_to_rule
+    from diagnostics.ladders import error_slope, plateau, time_to_rule
 
     models = [m.strip() for m in os.environ.get("BENCH_CA_MODELS", ",".join(DEFAULT_MODELS)).split(",") if m.strip()]
     keep = {m.strip() for m in os.environ.get("BENCH_CA_METHODS", "").split(",") if m.strip()}

@@ -113,7 +113,7 @@ def bench_ess(h):
     """ESS/s of the z-marginal log likelihood summary (the same quantity for both), C1 data."""
     import arviz_stats  # noqa: F401  (the .azstats accessor)
 
-    from diagnostics.scorecard import compared_posterior
+    from diagnostics.scoring import compared_posterior
 
     n_agents = 16 if SMALL else 64
     data, _ = zoo.get("hlcr").simulate(0, n_agents=n_agents, mean_entities=4.0, mean_events=20.0, K=3, F=3,

@@ -13,26 +13,32 @@ prior sensitivity.
 >>> diagnostics.sensitivity_report("hlcr", frame, "gibbs", prior_sites=["w"])     # your data -> HTML page
 >>> diagnostics.report("hlcr", {"reference": ref, "gibbs": tree_gibbs}, "out/hlcr")
 >>> diagnostics.report_index({"hlcr": "out/hlcr/report.html"}, "out")
->>> from diagnostics.compare import compare_model, run_demo   # the pipeline of `zoo compare` / `zoo demo`
+>>> from diagnostics.comparison import compare_model, run_demo   # the pipeline of `zoo compare` / `zoo demo`
 >>> compare_model("hlcr", ["nuts", "gibbs"], "out")              # fit (or reuse), report, verdict lines
 >>> diagnostics.posteriordb.export_posteriordb("pdb")                 # every stored reference, posteriordb's layout
 >>> ref = diagnostics.reference_from_posteriordb("pdb", "hlcr_b2-hlcr")  # a posteriordb reference as ours
 >>> diagnostics.cost_accuracy("ppca", None, ["vbem", "nuts"])   # every method on a ladder of budgets
 >>> diagnostics.compare("hlcr", frame, ["gibbs", "vbem"], columns={"y": "sales", "agent": "store"})  # your data
+
+Each function lives in a module named for what it does: ``compare`` and ``sensitivity_report`` in
+``diagnostics.comparison`` (the pipeline of ``zoo compare``), ``report``/``report_index`` in
+``diagnostics.report_pages``, ``sbc``/``vsbc`` in ``diagnostics.calibration``, ``scorecard``/``method_scores`` in
+``diagnostics.scoring``, ``sensitivity`` in ``diagnostics.power_scaling``, ``cost_accuracy`` in
+``diagnostics.ladders``.
 """
 
 from zoo import _runtime  # noqa: F401  (JAX set-up and `import numpyro` before arviz)
 
 # isort: split
 from diagnostics import plots, posteriordb, references
-from diagnostics.compare import compare, sensitivity_report
-from diagnostics.cost_accuracy import cost_accuracy, time_to_rule
+from diagnostics.calibration import SBCResult, sbc, vsbc
+from diagnostics.comparison import compare, sensitivity_report
+from diagnostics.ladders import cost_accuracy, time_to_rule
 from diagnostics.metrics import psis_khat
 from diagnostics.posteriordb import reference_from_posteriordb
-from diagnostics.report import report, report_index
-from diagnostics.sbc import SBCResult, sbc, vsbc
-from diagnostics.scorecard import VERDICTS, method_scores, reference_health, scorecard
-from diagnostics.sensitivity import sensitivity
+from diagnostics.power_scaling import sensitivity
+from diagnostics.report_pages import report, report_index
+from diagnostics.scoring import VERDICTS, method_scores, reference_health, scorecard
 from diagnostics.view import ComparedView, compared_posterior, compared_view
 
 __all__ = ["VERDICTS", "ComparedView", "SBCResult", "compare", "compared_posterior", "compared_view",

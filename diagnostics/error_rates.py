@@ -163,7 +163,7 @@ def choose(ref, base, card, labels: Sequence[str], what: str, rule: str, rng: np
 
 def judge(ref, cand) -> tuple[dict, Any]:
     """The real verdict of ``cand`` against ``ref``: (method_scores row as a dict, scorecard)."""
-    from diagnostics.scorecard import method_scores, scorecard
+    from diagnostics.scoring import method_scores, scorecard
 
     card = scorecard(ref, cand)
     row = method_scores(ref, cand, card=card, joint=False).iloc[0].to_dict()

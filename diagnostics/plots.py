@@ -263,7 +263,7 @@ def plot_sensitivity(tree: xr.DataTree | ComparedView, path: str | os.PathLike |
     (``arviz_plots.plot_psense_dist``): curves that move mean sensitivity."""
     import arviz_plots as azp
 
-    from diagnostics.sensitivity import _analysis_tree, _positional
+    from diagnostics.power_scaling import _analysis_tree, _positional
 
     _mpl()
     data = _analysis_tree(tree)
@@ -363,8 +363,8 @@ def plot_cost_accuracy(frame, path: str | os.PathLike | None = None, *, title: s
     the posterior than that). Returns the figure (saved as PNG when ``path``)."""
     import pandas as pd
 
-    from diagnostics.cost_accuracy import time_to_rule
-    from diagnostics.scorecard import MEAN_TOL
+    from diagnostics.ladders import time_to_rule
+    from diagnostics.scoring import MEAN_TOL
 
     frame = pd.DataFrame(frame)
     if not len(frame):

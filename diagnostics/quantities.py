@@ -1,7 +1,7 @@
 """The compared quantities of a fitted tree, and the labels of their scalar components.
 
 The lowest module of the diagnostics' reading of a tree: ``diagnostics.health`` (the MCMC health rule),
-``diagnostics.view`` (the compared view) and ``diagnostics.scorecard`` all build on it, and it imports none of
+``diagnostics.view`` (the compared view) and ``diagnostics.scoring`` all build on it, and it imports none of
 them.
 
 * ``compared_posterior(tree)``: the dataset every diagnostic compares, the label-invariant summaries a mixture's

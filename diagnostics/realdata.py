@@ -2,8 +2,8 @@
 ``in_demo``), the model's own kernels against the stored NUTS reference of those data (tag ``real_<dataset>``,
 made by ``make references`` with the health rule of every stored reference, ``diagnostics.references``).
 
-This module only says *what* a section is; ``diagnostics.compare.compare_real_data`` runs each section through
-the own-data pipeline of ``diagnostics.compare`` (validation first, fits cached and resumable, the same report),
+This module only says *what* a section is; ``diagnostics.comparison.compare_real_data`` runs each section through
+the own-data pipeline of ``diagnostics.comparison`` (validation first, fits cached and resumable, the same report),
 with the stored reference serving as the cached reference. A real dataset whose reference is not stored gets no
 section, and the log says how to make it: a cold ``zoo demo`` never runs a NUTS reference.
 

@@ -392,10 +392,10 @@ def want_of_draws(health: dict) -> bool:
 
 
 def extension_factor(health: dict) -> float:
-    """How many times more draws a run short for want of draws needs (``diagnostics.scorecard``'s rule: ESS
+    """How many times more draws a run short for want of draws needs (``diagnostics.scoring``'s rule: ESS
     grows with the draws, R-hat^2 - 1 shrinks as 1 / draws, a margin of 1.25 for the noise of the ESS estimate),
     at least ``EXTEND_MIN_FACTOR``."""
-    from diagnostics.scorecard import RUN_MARGIN
+    from diagnostics.scoring import RUN_MARGIN
 
     rule = health["rule"]
     ess = min(health["min_ess_bulk"], health["min_ess_tail"])

@@ -13,7 +13,7 @@ method scores, the plots and the prior-sensitivity check. Each needs the same th
   Monte Carlo standard errors of the mean and of the sd (ArviZ's ``mcse``: sd / sqrt(ESS_mean), and the
   fourth-moment delta-method error of the sd, which stays honest when a few rare draws carry the spread);
 * the absolute floor of every bounded quantity (``ModelSpec.bounded``: ``FLOOR_FRACTION`` = 1 % of its
-  range, e.g. 0.01 for a probability; see ``diagnostics.scorecard``);
+  range, e.g. 0.01 for a probability; see ``diagnostics.scoring``);
 * on demand, the MCMC health record (``diagnostics.health.mcmc_health`` on the same compared dataset).
 
 ``compared_view(tree)`` builds it; ``scorecard``, ``method_scores``, ``plots`` and ``sensitivity`` accept a

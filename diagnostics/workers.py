@@ -3,7 +3,7 @@
 The demo is a list of independent fits: each (model, method) on the model's comparison data, and each
 (model, section, method) of a real-data section. ``run_demo`` runs them (``fit_job``) in a ``WorkerPool`` of
 ``workers`` processes, longest first (``demo_jobs``), each fit written to the very path, with the very run stamp,
-that the in-process pipeline of ``diagnostics.compare`` writes; each model's pages (``page_job``:
+that the in-process pipeline of ``diagnostics.comparison`` writes; each model's pages (``page_job``:
 ``compare_model`` and ``compare_real_data``) are written in the workers, reusing those trees, as soon as that
 model's fits are done and a worker is free of fits. A model's ladders of budgets (``ladder_job``, the page's
 "Accuracy against compute") are a call of their own, right after the long poles. So the parallel demo and the
@@ -15,7 +15,7 @@ The workers are *spawned* (a forked JAX runtime is unsafe) and share the persist
 (``BAYES_ZOO_JAX_CACHE``, inherited from the environment) and the device choice (``JAX_PLATFORMS``).
 
 A worker sees only the models a fresh ``import zoo`` registers: a model registered at run time in the calling
-process cannot be fitted there, which is why ``diagnostics.compare.run_demo`` defaults to ``workers=1`` (in
+process cannot be fitted there, which is why ``diagnostics.comparison.run_demo`` defaults to ``workers=1`` (in
 process) and the command line to one worker per core.
 """
 
@@ -128,7 +128,7 @@ def fit_job(job: FitJob, out: str | os.PathLike, seed: int, fresh: bool, log: Lo
     ``run_comparison`` for the comparison data, the section's ``plan_comparison`` for a real-data section.
     Returns its wall seconds and the id of the process that ran it."""
     import zoo
-    from diagnostics.compare import fit_prepared_methods, plan_comparison, run_comparison
+    from diagnostics.comparison import fit_prepared_methods, plan_comparison, run_comparison
     from diagnostics.realdata import real_sections
 
     t0 = time.time()
@@ -154,8 +154,8 @@ def ladder_job(model: str, methods: Sequence[str], out: str | os.PathLike, log: 
     ``compare_model(..., ladder=True)`` does) and leave its marker in ``out/<model>/``, so that the model's page
     job reuses the frame instead of running it again. Returns the ladder's number of rows and the process id."""
     import zoo
-    from diagnostics.compare import ladder_of
-    from diagnostics.cost_accuracy import CSV
+    from diagnostics.comparison import ladder_of
+    from diagnostics.ladders import CSV
 
     frame = ladder_of(zoo.get(model), list(methods), Path(out) / model, progress=False, log=log)
     frame.to_csv(Path(out) / model / CSV, index=False)   # the page job's reuse reads it
@@ -168,7 +168,7 @@ def page_job(model: str, methods: Sequence[str], out: str | os.PathLike, seed: i
     and ``compare_real_data``, each fit reused: the "reusing" lines are not repeated; ``ladder``: with the
     section "Accuracy against compute" from the frame ``ladder_job`` wrote). Returns ``{index label: page
     path}`` as ``run_demo`` collects them, and the id of the process."""
-    from diagnostics.compare import compare_model, compare_real_data
+    from diagnostics.comparison import compare_model, compare_real_data
 
     def quiet(line: str) -> None:
         if not (": reusing " in line and (line.endswith(".nc") or line.endswith(".csv"))):

@@ -192,7 +192,7 @@ def _cli() -> None:
     os.environ["TERMINAL_WIDTH"] = "92"
     from typer.testing import CliRunner
 
-    from zoo_cli.app import app
+    from zoo_cli.commands import app
 
     runner = CliRunner()
     env = {"COLUMNS": "92", "TERM": "dumb", "NO_COLOR": "1"}

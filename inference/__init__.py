@@ -14,7 +14,7 @@ from inference._methods import Draws, FitContext, Option, available_methods, met
 from inference.api import Prepared, build, fit, fit_prepared, prepare, run
 from inference.io import load, save
 from inference.mppca.merge import merge_mppca
-from inference.predict import predict, register_predictor
+from inference.prediction import predict, register_predictor
 from inference.trees import NonFiniteError, build_tree, log_densities
 
 __all__ = ["Draws", "FitContext", "NonFiniteError", "Option", "Prepared", "available_methods", "build", "build_tree",

@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 import diagnostics
-from diagnostics.cost_accuracy import error_slope, plateau, time_to_rule
+from diagnostics.ladders import error_slope, plateau, time_to_rule
 from diagnostics.plots import plot_cost_accuracy
 
 pd.set_option("display.width", 160)

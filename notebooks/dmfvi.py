@@ -123,7 +123,7 @@ print(card[cols].round(3).to_string(index=False))
 # the centralised answer, including this under-dispersion.
 
 # %%
-from diagnostics.scorecard import compared_posterior  # noqa: E402
+from diagnostics.scoring import compared_posterior  # noqa: E402
 
 S = {name: compared_posterior(t) for name, t in (("NUTS", ref), ("vbem", vb), ("badmm", dm))}
 fig, ax = plt.subplots(1, 3, figsize=(10, 3))

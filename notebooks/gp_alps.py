@@ -253,7 +253,7 @@ if not FAST:
 # FAST (CI) mode skips this fit: the demo's real-data section (zoo demo) judges every gp_alps kernel on diabetes4
 if not FAST:
     from diagnostics import references
-    from diagnostics.scorecard import compared_posterior
+    from diagnostics.scoring import compared_posterior
 
     d4_ref = references.load("gp_alps", tag="real_diabetes4")
     d4, d4_hyper = za.SPEC.real_data("diabetes4")

@@ -100,7 +100,7 @@ print(card[live & (card["method"] == "vbem")][["parameter", "std_mean_error", "s
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
 for ax, (var, idx) in zip(axes, [("log_lik", None), ("psi_sorted", 0), ("pred_mean", 7)], strict=True):
-    from diagnostics.scorecard import compared_posterior
+    from diagnostics.scoring import compared_posterior
 
     for name, tree, color in [("NUTS", ref, "k"), ("Gibbs", gibbs, "C0"), ("VB-EM", fits.get("vbem"), "C1")]:
         if tree is None:
@@ -232,7 +232,7 @@ if not FAST:
 if not FAST:
     import arviz_stats  # noqa: E402,F401  (the .azstats accessor)
 
-    from diagnostics.scorecard import compared_posterior  # noqa: E402
+    from diagnostics.scoring import compared_posterior  # noqa: E402
 
     MIX_SWEEPS = 500 if FAST else 2000
     MIX_AGENTS = 8 if FAST else 40

@@ -46,7 +46,7 @@ from sklearn.mixture import BayesianGaussianMixture
 
 import inference
 from diagnostics import references
-from diagnostics.scorecard import compared_posterior, scorecard
+from diagnostics.scoring import compared_posterior, scorecard
 from inference.mppca import common as V
 from inference.mppca import vbem
 from zoo import mppca

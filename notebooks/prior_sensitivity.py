@@ -184,7 +184,7 @@ theta.mean(("chain", "draw")).to_pandas()  # rows: stores by name; columns: the 
 # $\theta_i$), the ones that decide which pairs share a regime.
 
 # %%
-from diagnostics.report import sensitivity_page  # noqa: E402
+from diagnostics.report_pages import sensitivity_page  # noqa: E402
 
 page = sensitivity_page(regimes, "bring_your_own_data", prior_sites=["psi", "theta"])
 own = diagnostics.sensitivity(regimes, prior_sites=["psi", "theta"])

@@ -63,7 +63,7 @@ import pandas as pd
 import inference
 import zoo
 from diagnostics import references, scorecard
-from diagnostics.scorecard import compared_posterior
+from diagnostics.scoring import compared_posterior
 from inference.ssgp.exact_gp import fit_exact_gp, predict_exact_gp
 
 pd.set_option("display.width", 160)

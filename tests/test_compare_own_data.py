@@ -25,9 +25,9 @@ from typer.testing import CliRunner
 import diagnostics
 import zoo
 from diagnostics import references
-from diagnostics.compare import own_reference, reference_cache_key
-from diagnostics.report import SUMMARY
-from diagnostics.scorecard import VERDICTS
+from diagnostics.comparison import own_reference, reference_cache_key
+from diagnostics.report_pages import SUMMARY
+from diagnostics.scoring import VERDICTS
 from zoo_cli import app
 
 runner = CliRunner()

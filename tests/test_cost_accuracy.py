@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from diagnostics.cost_accuracy import (
+from diagnostics.ladders import (
     COLUMNS,
     budget_option,
     cost_accuracy,
@@ -29,7 +29,7 @@ from diagnostics.cost_accuracy import (
     score_fit,
     time_to_rule,
 )
-from diagnostics.scorecard import FAIL, PASS
+from diagnostics.scoring import FAIL, PASS
 from diagnostics.view import compared_view
 
 MU = np.array([1.0, -2.0, 0.5])
@@ -226,7 +226,7 @@ def test_zoo_compare_ladder_on_a_csv_writes_the_frame_the_plot_and_the_section(t
 def test_demo_ladders_default_to_the_cheap_models_and_bad_names_are_refused():
     from typer.testing import CliRunner
 
-    from diagnostics.compare import DEMO_LADDERS, demo_ladders
+    from diagnostics.comparison import DEMO_LADDERS, demo_ladders
     from zoo_cli import app
 
     assert demo_ladders(["hlcr", "ppca", "bpca"], None) == [m for m in ["hlcr", "ppca", "bpca"] if m in DEMO_LADDERS]
@@ -267,7 +267,7 @@ def test_on_the_demo_data_samplers_fall_as_draws_to_the_minus_half_and_kernels_p
     import inference
     import zoo
     from diagnostics import references
-    from diagnostics.compare import comparison_data, method_options
+    from diagnostics.comparison import comparison_data, method_options
     from inference._methods import get_method
     from inference.trees import problem_of
 
@@ -288,7 +288,7 @@ def test_on_the_demo_data_samplers_fall_as_draws_to_the_minus_half_and_kernels_p
 
 
 def test_the_index_page_says_which_models_have_ladders_and_which_were_left_out(tmp_path):
-    from diagnostics.report import report_index
+    from diagnostics.report_pages import report_index
 
     note = ("Accuracy against compute (every method on a ladder of budgets): on the pages of ppca; left out of this "
             "demo to keep it within its time budget: hlcr (zoo compare MODEL --ladder makes it for any of them).")

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 import inference
 import zoo
 from diagnostics import workers as pool
-from diagnostics.compare import run_demo
-from diagnostics.report import SUMMARY
+from diagnostics.comparison import run_demo
+from diagnostics.report_pages import SUMMARY
 
 
 def test_demo_jobs_cover_every_pair_and_section_slowest_kind_first():

@@ -160,7 +160,7 @@ def test_the_zoo_command_refuses_an_unreadable_cache_threshold_as_a_usage_error(
     out = fresh_python("""
         import sys
         from typer.testing import CliRunner
-        from zoo_cli.app import app
+        from zoo_cli.commands import app
         result = CliRunner().invoke(app, ["fit", "ppca", "--out", "x.nc"])
         print("exit", result.exit_code, " ".join(result.output.replace("│", " ").split()))
         print("traceback", type(result.exception).__name__)

@@ -165,7 +165,7 @@ def test_without_a_reference_nothing_is_judged(trees, tmp_path):
 def test_a_compared_models_page_links_an_index_that_exists_and_lists_it(trees, tmp_path):
     """`zoo compare` writes one model's page (and a section's, one folder deeper): its "all models" link resolves
     to an index that lists every page in the folder, written with the page (`zoo demo` rewrites it at the end)."""
-    from diagnostics.compare import write_comparison
+    from diagnostics.comparison import write_comparison
 
     chosen = {k: trees[k] for k in ("reference (exact)", "meanfield")}
     page_path = write_comparison("dq_linreg", chosen, tmp_path, log=lambda _: None)
@@ -180,7 +180,7 @@ def test_a_compared_models_page_links_an_index_that_exists_and_lists_it(trees, t
 
 
 def test_zoo_compare_and_demo_write_parsable_reports(tmp_path):
-    from diagnostics.compare import run_demo
+    from diagnostics.comparison import run_demo
 
     # no stored reference: this run's NUTS is the reference, 4 chains x 1000 draws for the health rule
     nuts = {"nuts": {"num_warmup": 300, "num_samples": 1000, "num_chains": 4}}

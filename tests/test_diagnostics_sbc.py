@@ -3,16 +3,13 @@ flagged, exact ones pass, a blind spot of SBC is documented, runs resume, and th
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import pytest
 from diag_toys import BETA, LINREG, NORMAL
 
 import diagnostics
+import diagnostics.calibration as sbc_module
 import zoo
-
-sbc_module = importlib.import_module("diagnostics.sbc")  # `diagnostics.sbc` is the function
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -14,7 +14,7 @@ import diagnostics
 import inference
 import zoo
 from diagnostics import metrics
-from diagnostics.scorecard import FAIL, NOT_JUDGED, PASS, method_scores
+from diagnostics.scoring import FAIL, NOT_JUDGED, PASS, method_scores
 
 
 @pytest.fixture(scope="module", autouse=True)

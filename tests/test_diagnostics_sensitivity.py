@@ -13,7 +13,7 @@ from diag_toys import LINREG, NORMAL
 import diagnostics
 import inference
 import zoo
-from diagnostics.sensitivity import power_scaling_khat, sensitive
+from diagnostics.power_scaling import power_scaling_khat, sensitive
 
 
 def two_prior_model(y, mu_scale=0.5, sigma_scale=10.0):

@@ -20,7 +20,7 @@ from scipy.stats import multivariate_normal
 
 import diagnostics
 import inference
-from diagnostics.scorecard import FAIL, FWER, NOT_CONVERGED, NOT_JUDGED, PASS, method_scores, scorecard, z_critical
+from diagnostics.scoring import FAIL, FWER, NOT_CONVERGED, NOT_JUDGED, PASS, method_scores, scorecard, z_critical
 
 D = 30  # quantities of the Gaussian toy: 60 tests per sampler, z_crit = Phi^-1(1 - 0.01 / 120) = 3.76
 RHO = 0.7  # AR correlation between neighbouring coordinates: the mean-field sd ratio is about 0.59

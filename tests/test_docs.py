@@ -93,7 +93,7 @@ def test_the_api_reference_covers_every_public_name(site):
 def test_the_cli_reference_is_the_help_of_every_command(site):
     import typer.main
 
-    from zoo_cli.app import app
+    from zoo_cli.commands import app
 
     group = typer.main.get_command(app)
     html = page(site, "cli")

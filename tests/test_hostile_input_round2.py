@@ -270,7 +270,7 @@ def _never(*args, **kwargs):
 
 @pytest.mark.parametrize("command", ["fit", "compare", "demo", "sensitivity"])
 def test_10_an_unwritable_out_is_refused_before_anything_runs(command, tmp_path, monkeypatch):
-    pipeline = importlib.import_module("diagnostics.compare")
+    pipeline = importlib.import_module("diagnostics.comparison")
     monkeypatch.setattr(inference, "fit", _never)
     for name in ("run_comparison", "compare", "run_demo", "sensitivity_report"):
         monkeypatch.setattr(pipeline, name, _never)

@@ -11,6 +11,7 @@ one is a failure naming the file, the line and the import.
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -65,9 +66,9 @@ def test_the_walker_sees_imports_inside_functions_and_relative_ones(tmp_path, mo
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     (tmp_path / "zoo").mkdir()
     bad = tmp_path / "zoo" / "bad.py"
-    bad.write_text("from . import _registry\n\ndef f():\n    import diagnostics.report\n"
+    bad.write_text("from . import _registry\n\ndef f():\n    import diagnostics.report_pages\n"
                    "    from inference.api import fit\n    importlib.import_module('zoo_cli')\n")
-    assert upward_imports(bad) == ["zoo/bad.py:4 imports diagnostics.report (floor 2 > 0)",
+    assert upward_imports(bad) == ["zoo/bad.py:4 imports diagnostics.report_pages (floor 2 > 0)",
                                    "zoo/bad.py:5 imports inference.api (floor 1 > 0)",
                                    "zoo/bad.py:6 imports zoo_cli (floor 3 > 0)"]
     assert imported_modules(bad)[0] == (1, "zoo")
@@ -116,7 +117,7 @@ LIBRARY = ("zoo", "inference", "diagnostics", "zoo_cli")
 # Circles still allowed, each with its reason; the test fails when a listed one is gone (shrink the list) as when a
 # new one appears.
 ALLOWED_CIRCLES: dict[frozenset[str], str] = {
-    frozenset({"diagnostics.compare", "diagnostics.cost_accuracy", "diagnostics.plots", "diagnostics.report",
+    frozenset({"diagnostics.comparison", "diagnostics.ladders", "diagnostics.plots", "diagnostics.report_pages",
                "diagnostics.workers"}):
         "the comparison pipeline: compare runs the cost-accuracy ladder and dispatches fits to worker processes, "
         "which run compare's own steps (plan_comparison, fit_prepared_methods, compare_model); the ladder reuses "
@@ -207,7 +208,7 @@ def test_no_import_circle_among_the_library_modules():
         f"{c}: " + "; ".join(f"{m} -> {sorted(graph[m] & set(c))}" for m in c) for c in new)
     gone = [sorted(c) for c in ALLOWED_CIRCLES if c not in found]
     assert not gone, f"allowed circles that are gone (remove them from ALLOWED_CIRCLES): {gone}"
-    for diag in ("diagnostics.health", "diagnostics.view", "diagnostics.scorecard", "diagnostics.quantities"):
+    for diag in ("diagnostics.health", "diagnostics.view", "diagnostics.scoring", "diagnostics.quantities"):
         assert not any(diag in c for c in found), diag
 
 
@@ -237,15 +238,74 @@ def test_the_shared_helpers_are_defined_once():
             homes[name].append(module_name(path))
     assert homes == {name: [home] for name, home in SHARED_HELPERS.items()}, homes
 
-    import importlib
+    from diagnostics import health, metrics, quantities, scoring, view
+    from inference import trees
 
-    # by importlib: ``diagnostics.scorecard`` the attribute is the function that shadows the module
-    trees, health, metrics, view, scorecard, quantities = (importlib.import_module(m) for m in (
-        "inference.trees", "diagnostics.health", "diagnostics.metrics", "diagnostics.view", "diagnostics.scorecard",
-        "diagnostics.quantities"))
     for module in (health, metrics, view, quantities):
         assert module.SAMPLE_DIMS is trees.SAMPLE_DIMS == ("chain", "draw")
-    for module in (view, scorecard):  # the names they have always offered
+    for module in (view, scoring):  # the names they have always offered
         assert module.compared_posterior is quantities.compared_posterior
     assert view.with_user_labels is quantities.with_user_labels
     assert health.labels_of is quantities.labels_of
+
+
+# --- no module shadowed by a package attribute of the same name -----------------------------------------------
+
+def library_packages() -> list[str]:
+    """Every package of the library (a folder with an ``__init__.py``), subpackages included."""
+    return sorted(module_name(p.parent / "__init__.py") for top in LIBRARY for p in (ROOT / top).rglob("__init__.py")
+                  if not SKIP_DIRS & set(p.relative_to(ROOT).parts))
+
+
+def submodules(package: str, root: Path | None = None) -> list[str]:
+    """The names of ``package``'s submodules: its ``.py`` files (``__init__`` and ``__main__`` aside) and its
+    subpackages."""
+    folder = (root or ROOT).joinpath(*package.split("."))
+    return sorted([p.stem for p in folder.glob("*.py") if p.stem not in ("__init__", "__main__")]
+                  + [p.parent.name for p in folder.glob("*/__init__.py")])
+
+
+def shadowed_modules(package: str, root: Path | None = None) -> list[str]:
+    """The submodules of ``package`` that the package's attribute of the same name hides: after importing both,
+    ``getattr(package, name)`` must be that module or absent (a function ``report`` that the package re-exports
+    from ``report.py`` hides that module: ``package.report.report_index`` does not resolve)."""
+    import importlib
+
+    pkg = importlib.import_module(package)
+    out = []
+    for name in submodules(package, root):
+        module = importlib.import_module(f"{package}.{name}")
+        value = getattr(pkg, name, module)
+        if value is not module:
+            out.append(f"{package}.{name}: the package's attribute is the {type(value).__name__} {value!r:.80}, which "
+                       f"hides the module {package}/{name}")
+    return out
+
+
+def test_the_shadow_finder_sees_a_function_that_hides_its_module(tmp_path, monkeypatch):
+    pkg = tmp_path / "shadowpkg_probe"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from shadowpkg_probe.report import report\nfrom shadowpkg_probe import pages\n")
+    (pkg / "report.py").write_text("def report():\n    return 1\n")
+    (pkg / "pages.py").write_text("X = 1\n")
+    (pkg / "unused.py").write_text("Y = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        found = shadowed_modules("shadowpkg_probe", tmp_path)
+    finally:
+        for name in [m for m in sys.modules if m.split(".")[0] == "shadowpkg_probe"]:
+            del sys.modules[name]
+    assert [line.split(":")[0] for line in found] == ["shadowpkg_probe.report"], found
+
+
+def test_every_library_package_is_walked():
+    packages = library_packages()
+    assert {"zoo", "inference", "diagnostics", "zoo_cli", "inference.mppca", "inference.distributed"} <= set(packages)
+    assert "report_index" not in submodules("diagnostics") and "workers" in submodules("diagnostics")
+
+
+@pytest.mark.parametrize("package", ["zoo", "inference", "diagnostics", "zoo_cli"])
+def test_no_package_attribute_shadows_a_submodule(package):
+    bad = [line for p in library_packages() if p.split(".")[0] == package for line in shadowed_modules(p)]
+    assert not bad, "a package's attribute hides its submodule of the same name (rename the module):\n" + "\n".join(bad)
+

@@ -746,7 +746,7 @@ def test_vsbc_reaches_numpyros_vsbc_diagnostic_conclusions_on_the_same_simulatio
     from numpyro.infer.autoguide import AutoNormal
     from numpyro.infer.calibration import vsbc_diagnostic
 
-    from diagnostics.sbc import _model_simulation, _sim_seed, vsbc
+    from diagnostics.calibration import _model_simulation, _sim_seed, vsbc
     from zoo._validation import validate_hyper
 
     spec, n_sims, steps, alpha = zoo.get("ssgp_lmm"), 60, 2000, 0.01

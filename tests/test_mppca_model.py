@@ -5,7 +5,7 @@ import pytest
 
 import inference
 import zoo
-from diagnostics.scorecard import compared_posterior
+from diagnostics.scoring import compared_posterior
 from zoo import mppca
 
 

@@ -9,7 +9,7 @@ import pytest
 import inference
 import zoo
 from diagnostics import references
-from diagnostics.scorecard import compared_posterior, scorecard
+from diagnostics.scoring import compared_posterior, scorecard
 from inference.mppca import common as V
 from inference.mppca import vbem
 from zoo import mppca

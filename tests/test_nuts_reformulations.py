@@ -24,7 +24,7 @@ from scipy import integrate, stats
 import inference
 import zoo
 from diagnostics.health import HealthRule, agreement, mcmc_health
-from diagnostics.scorecard import compared_posterior
+from diagnostics.scoring import compared_posterior
 from zoo import bpca, ssgp
 
 

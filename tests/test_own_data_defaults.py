@@ -14,7 +14,6 @@ the pages show the values used.
 
 from __future__ import annotations
 
-import importlib
 import json
 from html.parser import HTMLParser
 
@@ -26,16 +25,16 @@ from test_cli import toy  # noqa: F401  (autouse fixture: registers the toy mode
 from typer.testing import CliRunner
 
 import diagnostics
+import diagnostics.comparison as compare_module
 import inference
 import zoo
 from diagnostics import references
-from diagnostics.compare import plan_comparison, run_comparison, stored_reference
-from diagnostics.report import report
+from diagnostics.comparison import plan_comparison, run_comparison, stored_reference
+from diagnostics.report_pages import report
 from inference.api import resolve
 from zoo_cli import app
 
 MODELS = zoo.list_models()
-compare_module = importlib.import_module("diagnostics.compare")   # diagnostics.compare is also the function
 
 
 def table_of(spec: zoo.ModelSpec, data: dict) -> tuple[pd.DataFrame, dict]:

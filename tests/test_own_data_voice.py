@@ -21,7 +21,7 @@ from diag_toys import LINREG
 import diagnostics
 import inference
 import zoo
-from diagnostics.scorecard import NOT_JUDGED, SD_RATIO_RANGE, MethodScores, method_scores
+from diagnostics.scoring import NOT_JUDGED, SD_RATIO_RANGE, MethodScores, method_scores
 from inference.progress import explained_warnings
 
 
@@ -205,9 +205,9 @@ def test_the_glossary_explains_every_quantity_a_verdict_names(labelled_page):
 
 def test_the_glossary_has_an_entry_for_every_summary_of_every_model():
     """Every variable a registered model's summaries return (read from its stored reference: no fit) has its own
-    entry in ``diagnostics.report.QUANTITIES``, not the generic one."""
+    entry in ``diagnostics.report_pages.QUANTITIES``, not the generic one."""
     from diagnostics.references import reference_path, stored_tags
-    from diagnostics.report import QUANTITIES
+    from diagnostics.report_pages import QUANTITIES
     from diagnostics.view import compared_posterior
 
     for name in zoo.list_models():

@@ -203,7 +203,7 @@ def test_bad_arguments_are_named(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match="^root:"):
         pdb.export_posteriordb(tmp_path / "file")
-    from zoo_cli.app import app
+    from zoo_cli.commands import app
 
     result = CliRunner().invoke(app, ["references", "--export-posteriordb", str(tmp_path / "db"), "--check"])
     assert result.exit_code == 2 and "does not go with --check" in result.output
@@ -216,7 +216,7 @@ def test_every_stored_reference_exported_by_the_command_reads_back_and_round_tri
     """``zoo references --export-posteriordb DIR`` writes every stored reference; the posteriordb package reads each
     (names, draw counts, means to 1e-12); each model's exported NumPyro code gives the stored log density; our import
     gives the same health, scorecard and verdicts as the stored reference for a candidate made of its own draws."""
-    from zoo_cli.app import app
+    from zoo_cli.commands import app
 
     result = CliRunner().invoke(app, ["references", "--export-posteriordb", str(tmp_path)])
     assert result.exit_code == 0, result.output
@@ -246,7 +246,7 @@ def test_every_stored_reference_exported_by_the_command_reads_back_and_round_tri
 def test_zoo_compare_against_an_imported_reference_gives_the_stored_references_verdicts(small, tmp_path):
     """``zoo compare hlcr --methods vbem,gibbs --reference-posteriordb ROOT/hlcr_b2-hlcr`` fits on the posterior's
     data and hyperparameters; the fitted trees get the same verdicts against the stored reference."""
-    from zoo_cli.app import app
+    from zoo_cli.commands import app
 
     tree, _, root, name = small
     result = CliRunner().invoke(app, ["compare", "hlcr", "--methods", "vbem,gibbs", "--reference-posteriordb",
@@ -268,7 +268,7 @@ def test_every_demo_pair_gets_the_same_verdicts_against_the_imported_reference(m
     """Each model's demo fits (``run_comparison``: every method, demo options, on the stored reference's data) get the
     same verdicts and reasons against the posteriordb export of that reference, read back, as against the stored
     one."""
-    from diagnostics.compare import run_comparison
+    from diagnostics.comparison import run_comparison
     from inference import methods_for
 
     spec = zoo.get(model)

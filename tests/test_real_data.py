@@ -95,7 +95,7 @@ def test_unknown_real_dataset_is_a_value_error_naming_the_known_ones():
 def test_zoo_list_and_show_print_every_real_dataset_with_source_and_size():
     from typer.testing import CliRunner
 
-    from zoo_cli.app import app
+    from zoo_cli.commands import app
 
     runner = CliRunner()
     listing = runner.invoke(app, ["list"]).output
@@ -275,7 +275,7 @@ def test_reference_sets_add_one_real_tag_per_demo_dataset_with_its_hyperparamete
 def test_real_sections_give_each_kernel_the_hyperparameters_of_the_real_reference():
     # the options each kernel of a section is prepared with (the own-data pipeline's plan, nothing run): the
     # hyperparameters of the stored real reference replace those of the simulated demo
-    from diagnostics.compare import plan_comparison
+    from diagnostics.comparison import plan_comparison
     from diagnostics.realdata import real_methods, real_sections
 
     spec = zoo.get("mppca")
@@ -302,7 +302,7 @@ def test_stored_tags_list_real_data_references_last(monkeypatch, tmp_path):
 
 def test_a_real_dataset_without_a_stored_reference_gets_no_section_and_says_so(monkeypatch, tmp_path):
     from diagnostics import references
-    from diagnostics.compare import compare_real_data
+    from diagnostics.comparison import compare_real_data
 
     monkeypatch.setattr(references, "REFERENCE_DIR", tmp_path)
     lines = []
@@ -317,8 +317,8 @@ def test_demo_real_data_section_judges_the_kernels_against_the_stored_reference(
     import json
 
     from diagnostics import references
-    from diagnostics.compare import compare_real_data
-    from diagnostics.report import report_index
+    from diagnostics.comparison import compare_real_data
+    from diagnostics.report_pages import report_index
 
     assert references.reference_path("ppca", "real_wine").is_file()
     lines = []
@@ -390,8 +390,8 @@ def test_real_data_sections_go_through_compare_with_the_stored_reference_and_run
     import json
 
     import diagnostics
-    from diagnostics.compare import compare_real_data
-    from diagnostics.report import report_index
+    from diagnostics.comparison import compare_real_data
+    from diagnostics.report_pages import report_index
 
     spec, data = toy_real
     lines = []
@@ -431,7 +431,7 @@ def test_a_stored_real_reference_of_other_hyperparameters_serves_nothing_and_run
     import dataclasses
 
     from diagnostics import references
-    from diagnostics.compare import NoReference, compare_real_data, own_reference
+    from diagnostics.comparison import NoReference, compare_real_data, own_reference
 
     spec, data = toy_real
     with pytest.raises(NoReference, match="no stored or cached NUTS reference of 'toy_real'"):

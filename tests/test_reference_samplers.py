@@ -29,9 +29,9 @@ from typer.testing import CliRunner
 import diagnostics
 import zoo
 from diagnostics import references
-from diagnostics.compare import own_reference, reference_samplers
-from diagnostics.report import SUMMARY
-from diagnostics.scorecard import NOT_CONVERGED, NOT_JUDGED, PASS
+from diagnostics.comparison import own_reference, reference_samplers
+from diagnostics.report_pages import SUMMARY
+from diagnostics.scoring import NOT_CONVERGED, NOT_JUDGED, PASS
 from inference import Draws, register_method
 from zoo_cli import app
 

@@ -20,7 +20,7 @@ import pytest
 import inference
 import zoo
 from diagnostics import references, scorecard
-from diagnostics.scorecard import compared_posterior
+from diagnostics.scoring import compared_posterior
 
 MODELS = ("ssgp_lmm", "ssgp_logit", "ssgp_probit")
 _FITS: dict[str, tuple] = {}

@@ -26,7 +26,7 @@ from scipy.signal import lfilter
 
 import inference
 from diagnostics import error_rates as er
-from diagnostics.scorecard import FAIL, PASS
+from diagnostics.scoring import FAIL, PASS
 from diagnostics.view import compared_view
 
 

@@ -1,5 +1,5 @@
 """``python -m zoo_cli``: the ``zoo`` command line."""
 
-from zoo_cli.app import app
+from zoo_cli.commands import app
 
 app()

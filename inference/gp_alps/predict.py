@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inference.predict import register_predictor
+from inference.prediction import register_predictor
 from inference.trees import problem_of
 from zoo import gp_alps as za
 

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from inference.hlcr.common import cluster_posteriors, pair_data
-from inference.predict import is_integer_label, label_key, register_predictor
+from inference.prediction import is_integer_label, label_key, register_predictor
 from inference.trees import problem_of
 from zoo.hlcr import model_inputs, pair_loglik, pair_structure, resolve_hyper
 

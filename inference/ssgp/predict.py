@@ -7,7 +7,7 @@ feature map z(x; lam) = [cos(t_r(x)^T lam), sin(t_r(x)^T lam)]_r, t_r(x) = s_r *
 alpha_s = sigma_s alpha_raw_s / sqrt(m), and the design row a* = [1, A*, random-effect columns of the point's
 group] (zero random effect for a new group). Means and variances are over the draws.
 
-Groups of new points are given by the labels the tree was fitted with (``inference.predict.label_codes``):
+Groups of new points are given by the labels the tree was fitted with (``inference.prediction.label_codes``):
 subject names when the tree was fitted from a DataFrame with string labels, the integer ids of a dict (0..J-1 for
 the simulators and loaders). A label the tree does not know is a ``ValueError`` naming ``group`` (and, for a
 DataFrame of new rows, its column).
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import expit, ndtr
 
-from inference.predict import label_codes, register_predictor
+from inference.prediction import label_codes, register_predictor
 from inference.ssgp.problem import LIKELIHOOD_OF, MODELS
 from inference.trees import problem_of
 from zoo import ssgp

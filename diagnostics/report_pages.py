@@ -22,7 +22,7 @@ import pandas as pd
 import xarray as xr
 
 import zoo
-from diagnostics.scorecard import FAIL, NOT_CONVERGED, NOT_JUDGED, PASS, VERDICTS, first_clause, verdict_lines  # noqa: F401 (re-exported)
+from diagnostics.scoring import FAIL, NOT_CONVERGED, NOT_JUDGED, PASS, VERDICTS, first_clause, verdict_lines  # noqa: F401 (re-exported)
 
 PAGE = "report.html"
 SUMMARY = "summary.json"
@@ -377,7 +377,7 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
                   against compute" (``cost_accuracy_section``) and writes it to ``cost_accuracy.csv``.
     """
     from diagnostics import plots
-    from diagnostics.scorecard import method_scores, scorecard
+    from diagnostics.scoring import method_scores, scorecard
     from diagnostics.view import carry_user_labels, compared_views
 
     spec = zoo.get(model)
@@ -583,7 +583,7 @@ def cost_accuracy_section(frame: pd.DataFrame, out_dir: Path) -> tuple[str, list
     budget and the seconds at which it meets its rule, or "not within the ladder" with the error it plateaus at);
     the frame is written to ``out_dir/cost_accuracy.csv``."""
     from diagnostics import plots
-    from diagnostics.cost_accuracy import CSV, time_to_rule
+    from diagnostics.ladders import CSV, time_to_rule
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -645,7 +645,7 @@ def sensitivity_section(tree, label: str, out_dir: Path, *, var_names: Sequence[
     ``sensitivity.png``; ``prior_sites`` scales only those priors. Summary and table are None when the check
     failed (the HTML then says why)."""
     from diagnostics import plots
-    from diagnostics.sensitivity import sensitivity
+    from diagnostics.power_scaling import sensitivity
 
     try:
         sens = sensitivity(tree, var_names=var_names, prior_sites=prior_sites)

@@ -1,5 +1,5 @@
 """The ``zoo`` command line (typer): it parses arguments and calls ``zoo``, ``inference`` and ``diagnostics``
-(the comparison pipeline is ``diagnostics.compare``). JAX, NumPyro and ArviZ are imported inside the commands
+(the comparison pipeline is ``diagnostics.comparison``). JAX, NumPyro and ArviZ are imported inside the commands
 so that ``zoo --help`` answers at once."""
 
 from __future__ import annotations
@@ -352,8 +352,8 @@ def compare(
     """
     _check_out(out, directory=True)
     _setup(device)
-    from diagnostics.compare import compare as compare_on_data
-    from diagnostics.compare import ladder_of, run_comparison, write_comparison
+    from diagnostics.comparison import compare as compare_on_data
+    from diagnostics.comparison import ladder_of, run_comparison, write_comparison
     from inference import methods_for
     from inference.progress import explained_warnings
 
@@ -436,7 +436,7 @@ def sensitivity(
     the power): both >= 0.05 reads *prior-data conflict*, the prior alone *strong prior / weak likelihood*."""
     _check_out(out, directory=True)
     _setup(device)
-    from diagnostics.compare import sensitivity_report
+    from diagnostics.comparison import sensitivity_report
 
     spec = _spec(model)
     values, table = _load_data(data, spec, column, dropna)
@@ -474,12 +474,12 @@ def demo(
                                  param_hint="--workers")
     _check_out(out, directory=True)
     _setup(device)
-    from diagnostics.compare import run_demo
+    from diagnostics.comparison import run_demo
     from diagnostics.workers import default_workers
 
     names = [_spec(m.strip()).name for m in models.split(",") if m.strip()] or None
     import zoo
-    from diagnostics.compare import demo_ladders
+    from diagnostics.comparison import demo_ladders
 
     chosen = {"cheap": None, "all": True, "none": False}.get(ladders.strip().lower())
     if chosen is None and ladders.strip().lower() != "cheap":

@@ -40,7 +40,7 @@ import inference
 import zoo
 from diagnostics import references
 from diagnostics.realdata import real_methods, real_sections
-from diagnostics.report import SUMMARY, report, report_index, verdict_lines
+from diagnostics.report_pages import SUMMARY, report, report_index, verdict_lines
 from inference.api import read_data, resolve
 from inference.progress import explained_warnings
 from zoo._validation import validate_hyper
@@ -196,7 +196,7 @@ def ladder_of(spec: zoo.ModelSpec, methods: Sequence[str], folder: Path, *, data
     holds exactly these methods and ladders and the reference's data (unless ``fresh``)."""
     import pandas as pd
 
-    from diagnostics.cost_accuracy import CSV, cost_accuracy, default_budgets
+    from diagnostics.ladders import CSV, cost_accuracy, default_budgets
 
     path, marker = Path(folder) / CSV, Path(folder) / f"{CSV}.data"   # the marker: which data the ladders ran on
     stamp = references.data_checksum(spec, data) if data is not None else "the stored reference's data"
@@ -364,7 +364,7 @@ class Comparison:
     reference_health: dict = dataclasses.field(default_factory=dict)
 
     def lines(self) -> list[str]:
-        """The verdict lines (``diagnostics.report.verdict_lines``) and where the page is."""
+        """The verdict lines (``diagnostics.report_pages.verdict_lines``) and where the page is."""
         methods = {m: {"verdict": v, "reasons": self.reasons.get(m, "")} for m, v in self.verdicts.items()}
         return verdict_lines(methods, self.reference_health) + [f"report: {self.page}"]
 
@@ -697,7 +697,7 @@ def run_plan(plan: ComparisonPlan, out: str | os.PathLike, *, section: str | Non
     seconds = {"reference": ref.seconds, "methods": time.time() - t_methods}
     frame = None
     if ladder:
-        from diagnostics.cost_accuracy import budget_option
+        from diagnostics.ladders import budget_option
 
         opts = {m: {k: v for k, v in o.items() if k not in spec.hyperparameters
                     and k not in (budget_option(spec, m)[0], "tol", "progress")} for m, o in plan.options.items()}
@@ -824,11 +824,11 @@ def sensitivity_report(model: zoo.ModelSpec | str, data: Any, method: str = "nut
     """Prior sensitivity on your own data: fit ``method`` (its ``demo_options`` without their hyperparameters,
     then ``hyper`` and ``options``; unset hyperparameters are the model's defaults, as for ``inference.fit``) on
     ``data`` (a DataFrame read with ``columns``/``dropna``, or a dict) and write the power-scaling
-    page ``out/<model>/sensitivity/sensitivity.html`` (``diagnostics.report.sensitivity_page``: table, plots,
+    page ``out/<model>/sensitivity/sensitivity.html`` (``diagnostics.report_pages.sensitivity_page``: table, plots,
     Pareto k-hat flags). ``prior_sites`` scales only those prior sites (selective power-scaling). The fit is
     saved beside the page and reused by a rerun with the same data and options (unless ``fresh``). Every
     argument is checked before the fit (``ValueError`` naming it). Returns the page's path."""
-    from diagnostics.report import sensitivity_page
+    from diagnostics.report_pages import sensitivity_page
 
     spec = zoo.get(model)
     for key in hyper or {}:
