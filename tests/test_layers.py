@@ -309,3 +309,21 @@ def test_no_package_attribute_shadows_a_submodule(package):
     bad = [line for p in library_packages() if p.split(".")[0] == package for line in shadowed_modules(p)]
     assert not bad, "a package's attribute hides its submodule of the same name (rename the module):\n" + "\n".join(bad)
 
+
+# --- inference's own names are generic ------------------------------------------------------------------------
+
+def generic_inference_modules() -> set[str]:
+    """The generic floor of ``inference``: the modules directly under ``inference/`` (fit, methods, the loop,
+    trees, NUTS, SVI, I/O, prediction, programs). Every subpackage is not: ``inference/<paper>/`` holds one
+    paper's kernels, ``inference/distributed/`` the runners those kernels use."""
+    return {f"inference.{p.stem}" for p in (ROOT / "inference").glob("*.py") if p.stem != "__init__"}
+
+
+def test_inference_exports_only_generic_names():
+    import inference
+
+    generic = generic_inference_modules()
+    assert {"inference.api", "inference.loop", "inference.trees"} <= generic and "inference.mppca.merge" not in generic
+    homes = {name: getattr(getattr(inference, name), "__module__", None) for name in inference.__all__}
+    bad = {name: home for name, home in homes.items() if home not in generic}
+    assert not bad, f"inference.__all__ names defined outside the generic modules (import them from there): {bad}"

@@ -42,7 +42,7 @@ def test_merge_bound_is_monotone_and_recovers_the_pooled_fit(syn1_split, variant
     # inputs, K = 20, best of 4): K' = 4, held-out log-lik within 0.1 % (ESS) / 1.5 % (paper, fixed x2) of the
     # pooled per-cluster PPCA fit (the notes' tolerances).
     models, pooled, truth = syn1_split
-    out = inference.merge_mppca(models, K=20, variant=variant, num_restarts=4)
+    out = MG.merge_mppca(models, K=20, variant=variant, num_restarts=4)
     F = out["bound"]
     assert np.all(np.diff(F)[1:] >= -1e-7 * np.abs(F).max())
     assert out["K_eff"] == 4
@@ -54,7 +54,7 @@ def test_merging_identical_copies_returns_the_input_model(syn1_split):
     # T7: 5 copies of one 4-component model (N = 200000 virtual points, K = 20, best of 4): K' = 4, output means
     # equal the input means to 1e-5 absolute (data range ~ 40), C_k to 1e-3 relative, weights to 1e-6.
     _, pooled, _ = syn1_split
-    out = inference.merge_mppca([pooled] * 5, K=20, num_restarts=4, n_virtual=200000.0)
+    out = MG.merge_mppca([pooled] * 5, K=20, num_restarts=4, n_virtual=200000.0)
     assert out["K_eff"] == 4
     order = [int(np.argmin(np.linalg.norm(pooled["means"] - m, axis=1))) for m in out["means"]]
     assert sorted(order) == [0, 1, 2, 3]
@@ -77,13 +77,13 @@ def test_incremental_merge_and_merging_vbem_trees(syn1_split):
     data, _ = mppca.simulate_small(0, N=200)
     trees = [inference.fit("mppca", {"Y": data["Y"][i::2]}, "vbem", seed=i, K=4, q=1, tau_fixed=1.0, prior="paper",
                            num_samples=20) for i in range(2)]
-    merged = inference.merge_mppca(trees, K=6, num_restarts=2)
+    merged = MG.merge_mppca(trees, K=6, num_restarts=2)
     assert 2 <= merged["K_eff"] <= sum(int(t.attrs["K_eff"]) for t in trees)
     assert np.all(np.isfinite(merged["covariances"]))
     with pytest.raises(ValueError, match="variant"):
-        inference.merge_mppca(models, variant="x")
+        MG.merge_mppca(models, variant="x")
     with pytest.raises(ValueError, match="models"):
-        inference.merge_mppca([])
+        MG.merge_mppca([])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -118,9 +118,9 @@ def t8_runs():
         Y, z = data["Y"], truth["labels"]
         models = [_oracle(Y[i::M], z[i::M]) for i in range(M)]
         K = min(4 * M, 20)
-        merged = {"paper": inference.merge_mppca(models, K=K, variant="paper", num_restarts=4, max_iter=10000,
+        merged = {"paper": MG.merge_mppca(models, K=K, variant="paper", num_restarts=4, max_iter=10000,
                                                  tol=1e-14),
-                  "ess": inference.merge_mppca(models, K=K, variant="ess", num_restarts=4, n_virtual=200000.0)}
+                  "ess": MG.merge_mppca(models, K=K, variant="ess", num_restarts=4, n_virtual=200000.0)}
         out[M] = (models, _oracle(Y, z), truth, merged)
     return out
 
@@ -237,7 +237,7 @@ def test_merging_vbem_models_is_as_good_as_a_typical_input(t9_models, variant, n
     # log-lik >= the median input model's minus 1 %. Inputs are single-restart VB-EM fits (realistic: some
     # keep a cluster split in two components).
     models, lls, truth = t9_models
-    out = inference.merge_mppca(models[:n_models], K=20, variant=variant, num_restarts=4)
+    out = MG.merge_mppca(models[:n_models], K=20, variant=variant, num_restarts=4)
     ll, med = _heldout_2d(out, truth["Y_test"]), float(np.median(lls))
     print(f"T9 {variant} {n_models} models: K' {out['K_eff']}, held-out 2-D {ll:.1f}; input median {med:.1f}, "
           f"inputs K' {[len(m['counts']) for m in models]}")

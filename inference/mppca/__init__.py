@@ -5,7 +5,7 @@ Picarougne, Information Fusion 2013; paper page ``docs/papers/mppca.md``), one a
   (pruning, eq.-5 rotation, Algorithm 1, plug-in mixture density);
 * ``vbem``: VBMPPCA, VB-EM on data (method ``vbem``);
 * ``em``: ML EM for (M)PPCA, the paper's baseline (method ``em``);
-* ``merge``: VBMPPCA-A, merging fitted models from their parameters (``inference.merge_mppca``);
+* ``merge``: VBMPPCA-A, merging fitted models from their parameters (``merge_mppca``);
 * ``baselines``: scikit-learn's VBGMM as method ``vbgmm``.
 
 Every kernel is an ``init``/``step`` pair on NamedTuples run by ``inference.loop``.
