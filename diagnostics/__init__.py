@@ -13,8 +13,9 @@ prior sensitivity.
 >>> diagnostics.sensitivity_report("hlcr", frame, "gibbs", prior_sites=["w"])     # your data -> HTML page
 >>> diagnostics.report("hlcr", {"reference": ref, "gibbs": tree_gibbs}, "out/hlcr")
 >>> diagnostics.report_index({"hlcr": "out/hlcr/report.html"}, "out")
->>> from diagnostics.comparison import compare_model, run_demo   # the pipeline of `zoo compare` / `zoo demo`
->>> compare_model("hlcr", ["nuts", "gibbs"], "out")              # fit (or reuse), report, verdict lines
+>>> from diagnostics.comparison import compare_model   # the pipeline of `zoo compare`
+>>> compare_model("hlcr", ["nuts", "gibbs"], "out")     # fit (or reuse), report, verdict lines
+>>> from diagnostics.demo import run_demo               # `zoo demo`: every model, then the index page
 >>> diagnostics.posteriordb.export_posteriordb("pdb")                 # every stored reference, posteriordb's layout
 >>> ref = diagnostics.reference_from_posteriordb("pdb", "hlcr_b2-hlcr")  # a posteriordb reference as ours
 >>> diagnostics.cost_accuracy("ppca", None, ["vbem", "nuts"])   # every method on a ladder of budgets
@@ -24,7 +25,9 @@ Each function lives in a module named for what it does: ``compare`` and ``sensit
 ``diagnostics.comparison`` (the pipeline of ``zoo compare``), ``report``/``report_index`` in
 ``diagnostics.report_pages``, ``sbc``/``vsbc`` in ``diagnostics.calibration``, ``scorecard``/``method_scores`` in
 ``diagnostics.scoring``, ``sensitivity`` in ``diagnostics.power_scaling``, ``cost_accuracy`` in
-``diagnostics.ladders``.
+``diagnostics.ladders``. Below the pipeline, ``diagnostics.planning`` checks a comparison before anything runs
+and ``diagnostics.own_references`` finds or makes its reference on your data; above it, ``diagnostics.demo`` runs
+``zoo demo``, in worker processes (``diagnostics.workers``) or in this one.
 """
 
 from zoo import _runtime  # noqa: F401  (JAX set-up and `import numpyro` before arviz)

@@ -50,7 +50,10 @@ import xarray as xr
 
 import inference
 import zoo
-from diagnostics.scoring import MEAN_TOL, PASS, method_scores, scorecard
+from diagnostics import references
+from diagnostics.own_references import NoReference, own_reference
+from diagnostics.planning import comparison_data, method_options, plan_comparison
+from diagnostics.scoring import MEAN_TOL, PASS, first_clause, method_scores, scorecard
 from diagnostics.view import ComparedView, compared_view
 
 Log = Callable[[str], None]
@@ -93,7 +96,6 @@ def budget_option(spec: zoo.ModelSpec | str, method: str) -> tuple[str, str]:
 def _setting(spec: zoo.ModelSpec, method: str, option: str) -> int:
     """The comparison's own value of ``option`` for ``method``: the spec's ``demo_options`` over the method's
     defaults and the spec's per-method overrides."""
-    from diagnostics.comparison import method_options
     from inference._methods import get_method
 
     meth = get_method(spec, method)
@@ -175,10 +177,9 @@ def _check_seeds(seeds: Any) -> list[int] | None:
 def _reference_and_data(spec: zoo.ModelSpec, data: Any, reference: Any, columns, dropna
                         ) -> tuple[xr.DataTree, Any]:
     """(reference tree, data to fit): a given reference (its own stored data when ``data`` is None); without
-    one, the stored reference of ``data`` (None: the comparison data, ``diagnostics.comparison.comparison_data``),
+    one, the stored reference of ``data`` (None: the comparison data, ``diagnostics.planning.comparison_data``),
     else a reference cached by ``diagnostics.compare`` on these data. ``ValueError`` naming ``reference`` when
     there is none (nothing is made here: a reference costs more than a ladder)."""
-    from diagnostics import references
     from inference.trees import data_of
 
     if reference is not None:
@@ -192,7 +193,6 @@ def _reference_and_data(spec: zoo.ModelSpec, data: Any, reference: Any, columns,
                              f"{spec.name!r}")
         return reference, (data_of(reference) if data is None else data)
     if data is None:
-        from diagnostics.comparison import comparison_data
 
         data, tag = comparison_data(spec)
         tree = references.load(spec.name, data, tag=tag) if tag is not None else None
@@ -200,7 +200,6 @@ def _reference_and_data(spec: zoo.ModelSpec, data: Any, reference: Any, columns,
             raise ValueError(f"reference: {spec.name!r} has no stored reference (make references MODELS="
                              f"{spec.name}); pass reference= a healthy MCMC run on your data")
         return tree, data
-    from diagnostics.comparison import NoReference, own_reference, plan_comparison
 
     plan = plan_comparison(spec, data, [inference.methods_for(spec)[0]], columns=columns, dropna=dropna)
     try:
@@ -219,8 +218,6 @@ def score_fit(reference: xr.DataTree | ComparedView, tree: xr.DataTree | Compare
     ``method_scores`` (without the joint metrics): ``max_std_mean_error``, ``max_abs_log_sd_ratio``,
     ``mean_w1_sd``, ``khat``, ``mc_error``, ``reference_mc_error``, ``verdict``, ``reason`` (its first clause),
     ``kind``, ``compile_seconds``, ``run_seconds``."""
-    from diagnostics.scoring import first_clause
-
     ref = reference if isinstance(reference, ComparedView) else compared_view(reference, name="reference")
     view = compared_view(tree, name=label)
     label = view.name
@@ -264,14 +261,13 @@ def cost_accuracy(model: zoo.ModelSpec | str, data: Any = None, methods: Sequenc
     reference: a healthy MCMC reference of ``data`` (a DataTree). None: the stored reference of these data, else
                one ``diagnostics.compare`` made and cached on them; without either, a ``ValueError``.
     seeds:     the seeds of every (method, budget); None: 0 and 1 for samplers, 0 for the others.
-    options:   per-method options over the comparison's (``diagnostics.comparison.method_options``: the spec's
+    options:   per-method options over the comparison's (``diagnostics.planning.method_options``: the spec's
                ``demo_options``), e.g. ``{"nuts": {"num_warmup": 200}}``; the budget option itself and ``tol``
                are set by the ladder.
 
     Every method is fitted with the reference's hyperparameters. Every argument and every fit of the ladder is
     validated (``inference.prepare``) before the first one runs: a ``ValueError`` naming the argument, nothing
     compiled. Each fit logs one line (``log``)."""
-    from diagnostics.comparison import method_options
     from inference._methods import get_method
     from inference._timing import Stopwatch
     from inference.trees import problem_of

@@ -24,7 +24,11 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from diagnostics.view import ComparedView
+from diagnostics.ladders import time_to_rule
+from diagnostics.metrics import trace_of
+from diagnostics.power_scaling import _analysis_tree, _positional
+from diagnostics.scoring import MEAN_TOL
+from diagnostics.view import ComparedView, compared_view
 
 MAX_PANELS = 12
 # the reference (first tree) in near-black, the methods in the usual colour cycle
@@ -74,8 +78,6 @@ def common_trees(trees: Mapping[str, xr.DataTree | ComparedView], *, var_names: 
     the same (chain=1, draw=n) shape; ``standardise``: every quantity centred and scaled by the first tree's
     mean and sd (the reference), so quantities of different scales share one axis. ``labels``: the scalar
     quantities to keep (as the scorecard names them, e.g. ``"w[0,1]"``); default: the first ``max_panels``."""
-    from diagnostics.view import compared_view
-
     flats = {}
     for name, tree in trees.items():
         view = compared_view(tree, name=name)
@@ -192,8 +194,6 @@ def plot_forest(trees: Mapping[str, xr.DataTree | ComparedView], path: str | os.
 
 def plot_traces(trees: Mapping[str, xr.DataTree | ComparedView], path: str | os.PathLike | None = None):
     """ELBO / bound against iteration for every method that stores a trace; None when none does."""
-    from diagnostics.metrics import trace_of
-
     traces = {name: trace_of(tree.tree if isinstance(tree, ComparedView) else tree) for name, tree in trees.items()}
     traces = {k: v for k, v in traces.items() if v[0] is not None and np.isfinite(v[1]).any()}
     if not traces:
@@ -262,8 +262,6 @@ def plot_sensitivity(tree: xr.DataTree | ComparedView, path: str | os.PathLike |
     """Posterior marginals when the prior / likelihood is power-scaled by alpha = 0.8 and 1.25
     (``arviz_plots.plot_psense_dist``): curves that move mean sensitivity."""
     import arviz_plots as azp
-
-    from diagnostics.power_scaling import _analysis_tree, _positional
 
     _mpl()
     data = _analysis_tree(tree)
@@ -362,9 +360,6 @@ def plot_cost_accuracy(frame, path: str | os.PathLike | None = None, *, title: s
     sits at a few times it), and the reference's own Monte Carlo error dotted (no method can be seen closer to
     the posterior than that). Returns the figure (saved as PNG when ``path``)."""
     import pandas as pd
-
-    from diagnostics.ladders import time_to_rule
-    from diagnostics.scoring import MEAN_TOL
 
     frame = pd.DataFrame(frame)
     if not len(frame):

@@ -525,7 +525,8 @@ def compare_with_posteriordb(model: str | zoo.ModelSpec, reference: str, methods
     ``reference (posteriordb NAME)``); returns the report page's path. The prior-sensitivity section reads the
     first method's fit (the imported draws carry no log densities)."""
     import inference
-    from diagnostics.comparison import fit_prepared_methods, method_options
+    from diagnostics.comparison import fit_prepared_methods
+    from diagnostics.planning import method_options
     from diagnostics.report_pages import SUMMARY, report, verdict_lines
 
     spec = zoo.get(model)

@@ -22,7 +22,22 @@ import pandas as pd
 import xarray as xr
 
 import zoo
-from diagnostics.scoring import FAIL, NOT_CONVERGED, NOT_JUDGED, PASS, VERDICTS, first_clause, verdict_lines  # noqa: F401 (re-exported)
+from diagnostics import plots
+from diagnostics.ladders import CSV, time_to_rule
+from diagnostics.power_scaling import sensitivity
+from diagnostics.references import provenance
+from diagnostics.scoring import (  # noqa: F401 (the verdicts re-exported)
+    FAIL,
+    NOT_CONVERGED,
+    NOT_JUDGED,
+    PASS,
+    VERDICTS,
+    first_clause,
+    method_scores,
+    scorecard,
+    verdict_lines,
+)
+from diagnostics.view import carry_user_labels, compared_view, compared_views
 
 PAGE = "report.html"
 SUMMARY = "summary.json"
@@ -216,8 +231,6 @@ def _pick_reference(trees: Mapping[str, xr.DataTree], reference: str | None) -> 
 def _reference_provenance(tree: xr.DataTree) -> list[str]:
     """The reference's validation record in sentences (``diagnostics.references.provenance``): the sampler that
     made it, its extension, its cross-checks, the samplers tried before it; [] without a record."""
-    from diagnostics.references import provenance
-
     try:
         record = json.loads(tree.attrs.get("validation", "{}"))
     except (TypeError, ValueError):
@@ -376,10 +389,6 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
     ladder:       a ``diagnostics.cost_accuracy`` frame of the same model and data: adds the section "Accuracy
                   against compute" (``cost_accuracy_section``) and writes it to ``cost_accuracy.csv``.
     """
-    from diagnostics import plots
-    from diagnostics.scoring import method_scores, scorecard
-    from diagnostics.view import carry_user_labels, compared_views
-
     spec = zoo.get(model)
     if not trees:
         raise ValueError("trees: expected at least one fitted tree")
@@ -582,9 +591,6 @@ def cost_accuracy_section(frame: pd.DataFrame, out_dir: Path) -> tuple[str, list
     (``plots.plot_cost_accuracy``) and the table "time to reach the rule" (``time_to_rule``: per method, the first
     budget and the seconds at which it meets its rule, or "not within the ladder" with the error it plateaus at);
     the frame is written to ``out_dir/cost_accuracy.csv``."""
-    from diagnostics import plots
-    from diagnostics.ladders import CSV, time_to_rule
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out_dir / CSV, index=False)
@@ -644,9 +650,6 @@ def sensitivity_section(tree, label: str, out_dir: Path, *, var_names: Sequence[
     (prior and likelihood sensitivity, Pareto k-hat of the power-scaling weights, the flag in words) and
     ``sensitivity.png``; ``prior_sites`` scales only those priors. Summary and table are None when the check
     failed (the HTML then says why)."""
-    from diagnostics import plots
-    from diagnostics.power_scaling import sensitivity
-
     try:
         sens = sensitivity(tree, var_names=var_names, prior_sites=prior_sites)
     except Exception as exc:  # noqa: BLE001
@@ -682,8 +685,6 @@ def sensitivity_page(tree, out_dir: str | os.PathLike, *, label: str | None = No
                      var_names: Sequence[str] | None = None, prior_sites: Sequence[str] | None = None) -> Path:
     """Write ``out_dir/sensitivity.html`` (+ ``sensitivity.png``, ``sensitivity.csv``, ``sensitivity.json``): the
     power-scaling check of one fit on its own, as ``zoo sensitivity`` shows it; returns the page's path."""
-    from diagnostics.view import compared_view
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     view = compared_view(tree)

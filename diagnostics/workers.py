@@ -1,21 +1,23 @@
 """The demo's fits in parallel worker processes (``zoo demo --workers N``, default: one per core).
 
 The demo is a list of independent fits: each (model, method) on the model's comparison data, and each
-(model, section, method) of a real-data section. ``run_demo`` runs them (``fit_job``) in a ``WorkerPool`` of
-``workers`` processes, longest first (``demo_jobs``), each fit written to the very path, with the very run stamp,
-that the in-process pipeline of ``diagnostics.comparison`` writes; each model's pages (``page_job``:
+(model, section, method) of a real-data section. ``diagnostics.demo.run_demo`` runs them (``fit_job``) in a
+``WorkerPool`` of ``workers`` processes, longest first (``demo_jobs``), each fit written to the very path, with the
+very run stamp, that the in-process pipeline of ``diagnostics.comparison`` writes; each model's pages (``page_job``:
 ``compare_model`` and ``compare_real_data``) are written in the workers, reusing those trees, as soon as that
 model's fits are done and a worker is free of fits. A model's ladders of budgets (``ladder_job``, the page's
 "Accuracy against compute") are a call of their own, right after the long poles. So the parallel demo and the
 in-process one give the same trees and the same pages, and an interrupted parallel run resumes like an
-in-process one (each tree is written atomically when its fit ends, ``inference.save``).
+in-process one (each tree is written atomically when its fit ends, ``inference.save``). The jobs run the
+pipeline's own steps (this module imports ``diagnostics.comparison``); the demo that starts them
+(``diagnostics.demo``) imports both.
 
 Why processes and not threads: a fit holds the GIL while JAX traces and compiles, which is most of a cold fit.
 The workers are *spawned* (a forked JAX runtime is unsafe) and share the persistent compilation cache
 (``BAYES_ZOO_JAX_CACHE``, inherited from the environment) and the device choice (``JAX_PLATFORMS``).
 
 A worker sees only the models a fresh ``import zoo`` registers: a model registered at run time in the calling
-process cannot be fitted there, which is why ``diagnostics.comparison.run_demo`` defaults to ``workers=1`` (in
+process cannot be fitted there, which is why ``diagnostics.demo.run_demo`` defaults to ``workers=1`` (in
 process) and the command line to one worker per core.
 """
 
@@ -31,6 +33,12 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from pathlib import Path
 from typing import Any
 
+import zoo
+from diagnostics.comparison import compare_model, compare_real_data, fit_prepared_methods, ladder_of, run_comparison
+from diagnostics.ladders import CSV
+from diagnostics.planning import plan_comparison
+from diagnostics.realdata import real_sections
+
 Log = Callable[[str], None]
 
 # Fits that take longest go first, so that the last fit to start is a short one (longest-processing-time
@@ -45,7 +53,6 @@ _SLOW_FIRST = {"nuts": 0, "svi": 1}
 class FitJob:
     """One fit of the demo: ``model``'s ``method`` on its comparison data (``section`` None) or on the data of
     its real-data section ``section`` (the section's tag, ``real_<dataset>``)."""
-
     model: str
     method: str
     section: str | None = None
@@ -60,7 +67,6 @@ class Call:
     """One call for a ``WorkerPool``: ``fn(*args)`` in a worker (a module-level function that returns ``(result,
     pid)``), logged as ``[k/n what] label``, started only once every call named in ``needs`` (as ``(what,
     label)``) has finished."""
-
     what: str
     label: str
     fn: Callable
@@ -127,10 +133,6 @@ def fit_job(job: FitJob, out: str | os.PathLike, seed: int, fresh: bool, log: Lo
     """Run one fit of the demo exactly as the sequential pipeline would (same options, path and run stamp):
     ``run_comparison`` for the comparison data, the section's ``plan_comparison`` for a real-data section.
     Returns its wall seconds and the id of the process that ran it."""
-    import zoo
-    from diagnostics.comparison import fit_prepared_methods, plan_comparison, run_comparison
-    from diagnostics.realdata import real_sections
-
     t0 = time.time()
     spec = zoo.get(job.model)
     if job.section is None:
@@ -142,10 +144,10 @@ def fit_job(job: FitJob, out: str | os.PathLike, seed: int, fresh: bool, log: Lo
                          f"reference")
     section = sections[0]
     options = {job.method: section.options[job.method]} if job.method in section.options else {}
-    plan = plan_comparison(spec, section.data, [job.method], seed=seed, hyper=section.hyper,
-                                   options=options, progress=False)
-    fit_prepared_methods(spec, plan.prepared, plan.options, Path(out) / spec.name / section.tag,
-                                 seed=seed, fresh=fresh, log=log)
+    plan = plan_comparison(spec, section.data, [job.method], seed=seed, hyper=section.hyper, options=options,
+                           progress=False)
+    fit_prepared_methods(spec, plan.prepared, plan.options, Path(out) / spec.name / section.tag, seed=seed,
+                         fresh=fresh, log=log)
     return time.time() - t0, os.getpid()
 
 
@@ -153,10 +155,6 @@ def ladder_job(model: str, methods: Sequence[str], out: str | os.PathLike, log: 
     """Run every method of ``model`` on its ladder of budgets against the stored reference (``ladder_of``, as
     ``compare_model(..., ladder=True)`` does) and leave its marker in ``out/<model>/``, so that the model's page
     job reuses the frame instead of running it again. Returns the ladder's number of rows and the process id."""
-    import zoo
-    from diagnostics.comparison import ladder_of
-    from diagnostics.ladders import CSV
-
     frame = ladder_of(zoo.get(model), list(methods), Path(out) / model, progress=False, log=log)
     frame.to_csv(Path(out) / model / CSV, index=False)   # the page job's reuse reads it
     return len(frame), os.getpid()
@@ -168,7 +166,6 @@ def page_job(model: str, methods: Sequence[str], out: str | os.PathLike, seed: i
     and ``compare_real_data``, each fit reused: the "reusing" lines are not repeated; ``ladder``: with the
     section "Accuracy against compute" from the frame ``ladder_job`` wrote). Returns ``{index label: page
     path}`` as ``run_demo`` collects them, and the id of the process."""
-    from diagnostics.comparison import compare_model, compare_real_data
 
     def quiet(line: str) -> None:
         if not (": reusing " in line and (line.endswith(".nc") or line.endswith(".csv"))):

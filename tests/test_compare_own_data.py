@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 import diagnostics
 import zoo
 from diagnostics import references
-from diagnostics.comparison import own_reference, reference_cache_key
+from diagnostics.own_references import own_reference, reference_cache_key
 from diagnostics.report_pages import SUMMARY
 from diagnostics.scoring import VERDICTS
 from zoo_cli import app

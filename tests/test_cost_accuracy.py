@@ -226,7 +226,7 @@ def test_zoo_compare_ladder_on_a_csv_writes_the_frame_the_plot_and_the_section(t
 def test_demo_ladders_default_to_the_cheap_models_and_bad_names_are_refused():
     from typer.testing import CliRunner
 
-    from diagnostics.comparison import DEMO_LADDERS, demo_ladders
+    from diagnostics.demo import DEMO_LADDERS, demo_ladders
     from zoo_cli import app
 
     assert demo_ladders(["hlcr", "ppca", "bpca"], None) == [m for m in ["hlcr", "ppca", "bpca"] if m in DEMO_LADDERS]
@@ -267,7 +267,7 @@ def test_on_the_demo_data_samplers_fall_as_draws_to_the_minus_half_and_kernels_p
     import inference
     import zoo
     from diagnostics import references
-    from diagnostics.comparison import comparison_data, method_options
+    from diagnostics.planning import comparison_data, method_options
     from inference._methods import get_method
     from inference.trees import problem_of
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import inference
 import zoo
 from diagnostics import workers as pool
-from diagnostics.comparison import run_demo
+from diagnostics.demo import run_demo
 from diagnostics.report_pages import SUMMARY
 
 

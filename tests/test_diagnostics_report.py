@@ -180,7 +180,7 @@ def test_a_compared_models_page_links_an_index_that_exists_and_lists_it(trees, t
 
 
 def test_zoo_compare_and_demo_write_parsable_reports(tmp_path):
-    from diagnostics.comparison import run_demo
+    from diagnostics.demo import run_demo
 
     # no stored reference: this run's NUTS is the reference, 4 chains x 1000 draws for the health rule
     nuts = {"nuts": {"num_warmup": 300, "num_samples": 1000, "num_chains": 4}}

@@ -270,10 +270,10 @@ def _never(*args, **kwargs):
 
 @pytest.mark.parametrize("command", ["fit", "compare", "demo", "sensitivity"])
 def test_10_an_unwritable_out_is_refused_before_anything_runs(command, tmp_path, monkeypatch):
-    pipeline = importlib.import_module("diagnostics.comparison")
     monkeypatch.setattr(inference, "fit", _never)
-    for name in ("run_comparison", "compare", "run_demo", "sensitivity_report"):
-        monkeypatch.setattr(pipeline, name, _never)
+    for module, name in (("comparison", "run_comparison"), ("comparison", "compare"), ("demo", "run_demo"),
+                         ("comparison", "sensitivity_report")):
+        monkeypatch.setattr(importlib.import_module(f"diagnostics.{module}"), name, _never)
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
     args = {"fit": ["fit", "toy_normal", "-m", "exact"], "compare": ["compare", "toy_normal"],

@@ -29,7 +29,9 @@ import diagnostics.comparison as compare_module
 import inference
 import zoo
 from diagnostics import references
-from diagnostics.comparison import plan_comparison, run_comparison, stored_reference
+from diagnostics.comparison import run_comparison
+from diagnostics.own_references import stored_reference
+from diagnostics.planning import comparison_data, plan_comparison
 from diagnostics.report_pages import report
 from inference.api import resolve
 from zoo_cli import app
@@ -111,7 +113,7 @@ def test_sensitivity_on_a_new_table_fits_every_method_with_the_defaults_of_fit(n
 def test_the_demo_comparison_gives_every_method_the_hyperparameters_of_the_stored_reference(name, captured,
                                                                                             tmp_path):
     spec = zoo.get(name)
-    data, tag = compare_module.comparison_data(spec)
+    data, tag = comparison_data(spec)
     with xr.open_datatree(references.reference_path(name, tag)) as stored:         # its attrs, nothing else read
         recorded = json.loads(json.dumps({**declared_defaults(spec), **json.loads(stored.attrs["hyperparameters"])}))
     with pytest.raises(Stop):

@@ -275,7 +275,7 @@ def test_reference_sets_add_one_real_tag_per_demo_dataset_with_its_hyperparamete
 def test_real_sections_give_each_kernel_the_hyperparameters_of_the_real_reference():
     # the options each kernel of a section is prepared with (the own-data pipeline's plan, nothing run): the
     # hyperparameters of the stored real reference replace those of the simulated demo
-    from diagnostics.comparison import plan_comparison
+    from diagnostics.planning import plan_comparison
     from diagnostics.realdata import real_methods, real_sections
 
     spec = zoo.get("mppca")
@@ -431,7 +431,8 @@ def test_a_stored_real_reference_of_other_hyperparameters_serves_nothing_and_run
     import dataclasses
 
     from diagnostics import references
-    from diagnostics.comparison import NoReference, compare_real_data, own_reference
+    from diagnostics.comparison import compare_real_data
+    from diagnostics.own_references import NoReference, own_reference
 
     spec, data = toy_real
     with pytest.raises(NoReference, match="no stored or cached NUTS reference of 'toy_real'"):

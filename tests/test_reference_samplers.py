@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 import diagnostics
 import zoo
 from diagnostics import references
-from diagnostics.comparison import own_reference, reference_samplers
+from diagnostics.own_references import own_reference, reference_samplers
 from diagnostics.report_pages import SUMMARY
 from diagnostics.scoring import NOT_CONVERGED, NOT_JUDGED, PASS
 from inference import Draws, register_method

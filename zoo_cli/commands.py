@@ -474,12 +474,12 @@ def demo(
                                  param_hint="--workers")
     _check_out(out, directory=True)
     _setup(device)
-    from diagnostics.comparison import run_demo
+    from diagnostics.demo import run_demo
     from diagnostics.workers import default_workers
 
     names = [_spec(m.strip()).name for m in models.split(",") if m.strip()] or None
     import zoo
-    from diagnostics.comparison import demo_ladders
+    from diagnostics.demo import demo_ladders
 
     chosen = {"cheap": None, "all": True, "none": False}.get(ladders.strip().lower())
     if chosen is None and ladders.strip().lower() != "cheap":
