@@ -175,6 +175,12 @@ class ModelSpec:
         R-hat < 1.01 and bulk and tail ESS >= 400 on every compared quantity). Hyperparameters here are not
         used by the comparisons (each fits every method with its reference's hyperparameters: the stored
         reference's on its data, the model's defaults or the user's on other data).
+    ladder_top:
+        per optimiser (method -> budget in its own unit), the last rung of its default cost-accuracy ladder
+        (``diagnostics.ladders.default_budgets``) where twice the comparison's setting ends before the
+        method's error settles on the demo data: a slow mode that the stopping rule of the comparison's fit does
+        not wait for (bpca: the rotation of the latent space under the per-entry mean-field q(W)). The budget by
+        which the method reaches its fixed point there; the ladder keeps its first rung and adds rungs.
     reference_options:
         NUTS options (and hyperparameters) for the stored reference posterior (``make references``); a reference
         made on other data takes only its NUTS options (``diagnostics.references.reference_settings``).
@@ -224,6 +230,7 @@ class ModelSpec:
     tiny_hyperparameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     demo_sizes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     demo_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    ladder_top: Mapping[str, int] = dataclasses.field(default_factory=dict)
     reference_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     reference_datasets: Callable[[], Mapping[str, tuple[dict, dict]]] | None = None
     hyper_presets: Mapping[str, Mapping[str, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)

@@ -518,6 +518,11 @@ SPEC = register(ModelSpec(
                   "vbem": {"M": 2},
                   "badmm": {"M": 2},
                   "dppca": {"M": 2}},
+    # where each optimiser's error settles on the demo data (just beyond its fixed point, tol off, seed 0): the
+    # demo fits stop by their rules after a few hundred sweeps/rounds, when the subspace and tau are fixed but the
+    # latent basis still turns within it (the per-entry q(W) makes the ELBO depend on that rotation only through its
+    # diagonal variances, a nearly flat direction; D-PPCA: EM's linear rate). Numbers: benchmarks/results.md
+    ladder_top={"vbem": 2**17, "badmm": 2**18, "dppca": 2**13},
     # NUTS samples the reformulation MARGINAL (z integrated out, W = L Q); 4 x 2000 draws thinned to 4000
     reference_options={"num_warmup": 1000, "num_samples": 2000, "num_chains": 4, "M": 2, "tau": None, "alpha": 1.0,
                        "theta": 0.01, "a_tau": 1e-3, "b_tau": 1e-3, "a_alpha": 1e-3, "b_alpha": 1e-3},
