@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from pathlib import Path
 
 from benchmarks.harness import REPO, checkout_at, run_child
 
@@ -205,9 +207,613 @@ def count_budget_compiles(tree) -> list[dict]:
     return rows
 
 
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Issue 28's done-when, measured: every pair's cold demo fit program by program, the floor of each kernel, and NUTS
+# beside NumPyro's own MCMC.run. ``python -m benchmarks.bench_compile cold-demo | nuts | report`` (see ``cli``).
+# ---------------------------------------------------------------------------------------------------------------------
+
+OUT = REPO / "build" / "bench_compile"
+TARGET_SECONDS = {"kernel": 2.0, "svi": 4.0}   # issue 28: a hand-written kernel's cold fit, an SVI's
+NUTS_CAP = 100   # warm-up and kept iterations of both NUTS sides: compile seconds do not depend on them
+
+
+def method_class(method: str) -> str:
+    """``nuts``, ``svi`` (NumPyro's SVI and the hand-written ``svi_*`` kernels: Adam on a Monte Carlo ELBO, the
+    4 s target) or ``kernel`` (every other hand-written kernel: the 2 s target)."""
+    if method == "nuts":
+        return "nuts"
+    return "svi" if method.startswith("svi") else "kernel"
+
+
+def _normal(name: str) -> str:
+    """A program's name as JAX reports it (``jit(f)``) and as XLA names its module (``jit_f``), made comparable."""
+    return re.sub(r"[^A-Za-z0-9]", "", name)
+
+
+def hlo_ops(text: str) -> int:
+    """Instructions of an HLO module's text (every computation: the entry and those it calls, e.g. a while loop's
+    body), as XLA dumps it before its optimisations: the size of the program we hand to XLA."""
+    return sum(1 for line in text.splitlines() if re.match(r"\s+(ROOT )?%\S+ = ", line))
+
+
+class ProgramLog:
+    """Every XLA program a process builds, in order, with its compile seconds and HLO op count.
+
+    Seconds come from ``jax.monitoring``'s compile spans (``backend_compile_duration``: XLA; the lowering span of
+    the same name just before it); op counts from the modules XLA dumps before optimising them (``XLA_FLAGS``
+    ``--xla_dump_to=DIR --xla_dump_hlo_as_text``, set by the parent before JAX starts), matched in order by name.
+    A program loaded from the persistent cache has no dump (ops None). ``take()`` returns the programs since the
+    last ``take`` and the union of all compile spans (tracing, lowering, XLA) in seconds."""
+
+    def __init__(self, dump: str | None) -> None:
+        import jax
+        from jax.extend.core import Primitive
+
+        self.dump, self.seen, self.spans, self.hits = dump, set(), [], 0
+        self._primitive = Primitive
+        jax.monitoring.register_event_time_span_listener(self._span)
+        jax.monitoring.register_event_listener(self._event)
+
+    def _span(self, event: str, start: float, end: float, **kw) -> None:
+        if event.startswith("/jax/core/compile/"):
+            self.spans.append((event.rsplit("/", 1)[1], str(kw.get("fun_name", "?")), start, end))
+
+    def _event(self, event: str, **_) -> None:
+        if event == "/jax/compilation_cache/cache_hits":
+            self.hits += 1
+
+    def primitives(self) -> set[str]:
+        import sys
+
+        return {v.name for m in list(sys.modules.values()) if (getattr(m, "__name__", "") or "").startswith("jax")
+                for v in list(vars(m).values()) if isinstance(v, self._primitive)}
+
+    def _modules(self) -> list[tuple[str, int]]:
+        if not self.dump:
+            return []
+        found = []
+        for path in sorted(Path(self.dump).glob("module_*.before_optimizations.txt")):
+            if path.name not in self.seen:
+                self.seen.add(path.name)
+                number, name = re.match(r"module_(\d+)\.(.+)\.before_optimizations\.txt", path.name).groups()
+                found.append((int(number), _normal(name), hlo_ops(path.read_text())))
+        return [(name, ops) for _, name, ops in sorted(found)]
+
+    def take(self) -> tuple[list[dict], float]:
+        spans, self.spans = self.spans, []
+        eager = self.primitives()
+        modules, i = self._modules(), 0
+        programs, lowered = [], {}
+        for event, name, start, end in spans:
+            if event == "jaxpr_to_mlir_module_duration":
+                lowered[name] = end - start
+            elif event == "backend_compile_duration":
+                ops = None
+                if i < len(modules) and modules[i][0] == _normal(name):
+                    ops, i = modules[i][1], i + 1
+                short = name.removeprefix("jit(").removesuffix(")")
+                programs.append({"name": short, "xla_s": round(end - start, 3),
+                                 "lower_s": round(lowered.pop(name, 0.0), 3), "hlo_ops": ops,
+                                 "eager": short in eager})
+        total, last = 0.0, -float("inf")
+        for _, _, start, end in sorted(spans, key=lambda s: s[2]):
+            if end > last:
+                total += end - max(start, last)
+                last = end
+        return programs, round(total, 3)
+
+
+def _summary(programs: list[dict], compile_s: float, wall: float, **extra) -> dict:
+    return {"wall_s": round(wall, 3), "compile_s": compile_s, "programs": len(programs),
+            "eager": sum(p["eager"] for p in programs), "program_list": programs, **extra}
+
+
+def _load(data_path: str):
+    import pickle
+
+    with open(data_path, "rb") as f:
+        return pickle.load(f)
+
+
+def _options(spec, method: str, size: str) -> dict:
+    from inference._methods import get_method
+
+    if size == "tiny":
+        declared = get_method(spec, method).declared
+        return {**{k: o.tiny for k, o in declared.items() if o.tiny is not None}, **spec.tiny_hyperparameters}
+    return dict(spec.demo_options.get(method, {}))
+
+
+def child_fit(log: ProgramLog, model: str, method: str, data_path: str, size: str) -> dict:
+    """A cold fit (seed 0) and a second fit (seed 1) of one pair in this fresh process: wall (fit and tree), the
+    run stage's seconds (``tree.attrs``), every program built."""
+    import time
+
+    import inference
+    import zoo
+
+    spec, data = zoo.get(model), _load(data_path)
+    options = {**_options(spec, method, size), "progress": False}
+    log.take()
+    out = {}
+    for label, seed in (("cold", 0), ("second", 1)):
+        start = time.perf_counter()
+        tree = inference.fit(model, data, method, seed=seed, **options)
+        wall = time.perf_counter() - start
+        stage = float(tree.attrs.get("compile_seconds", 0.0)) + float(tree.attrs.get("run_seconds", 0.0))
+        out[label] = _summary(*log.take(), wall, run_stage_s=round(stage, 3), cache_hits=log.hits)
+    return out
+
+
+class _Captured(BaseException):
+    """Raised by the loop's stand-in program at its first call: the kernel's step and its arguments' shapes
+    (a BaseException, so no ``except Exception`` of a method turns it into an error of its own)."""
+
+    def __init__(self, step, state, key, problem) -> None:
+        super().__init__("captured")
+        self.step, self.state, self.key, self.problem = step, state, key, problem
+
+
+def _stand_in(builder: str):
+    """A stand-in for ``inference.loop.<builder>``: the loop calls the program it returns with (carry or state,
+    key, problem, ...); it raises ``_Captured`` with one restart's (one chain's) state shape: the leading restart
+    or chain axis dropped."""
+    import jax
+
+    def build(init, step, *args, **kwargs):
+        def program(first, key, problem, *rest):
+            state = first[0] if builder == "_optimiser_program" else first
+            one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), state)
+            raise _Captured(step, one, key, problem)
+
+        return program
+
+    return build
+
+
+def child_floor(log: ProgramLog, model: str, method: str, data_path: str, size: str) -> dict:
+    """The floor of a pair in this fresh process: the compile seconds of one step of its kernel alone, jitted on
+    the shapes of the demo fit (``jax.jit(step).lower(key, state, problem).compile()``), after an empty program
+    (``x + 1.0``, timed apart: what the first program of a process costs whatever its size). The step is taken
+    from the fit itself: the loop's program builders (``inference.loop._optimiser_program``,
+    ``_sampler_program``) are replaced by stand-ins that stop the fit at its first call. ``svi``: one
+    ``SVI.stable_update`` of its guide and optimiser. Methods that run no JAX kernel (scikit-learn's) have
+    none."""
+    import time
+
+    import jax
+    import numpy as np
+
+    import inference
+    import zoo
+    from inference import loop
+
+    spec, data = zoo.get(model), _load(data_path)
+    options = {**_options(spec, method, size), "progress": False}
+    log.take()
+    if method == "svi":
+        step, args = _svi_step(spec, data, options)
+    else:
+        for builder in ("_optimiser_program", "_sampler_program"):
+            setattr(loop, builder, _stand_in(builder))
+        try:
+            inference.fit(model, data, method, seed=0, **options)
+            return {"floor": None, "why": "no kernel run by inference.loop (not a JAX kernel)"}
+        except _Captured as got:
+            key = jax.eval_shape(lambda k: jax.random.fold_in(k, 0), got.key)
+            step, args = got.step, (key, got.state, got.problem)
+    before = log.take()[0]
+    start = time.perf_counter()
+    jax.jit(lambda x: x + 1.0).lower(np.float64(0.0)).compile()   # what any first program costs here
+    empty = _summary(*log.take(), time.perf_counter() - start)
+    start = time.perf_counter()
+    jax.jit(step).lower(*args).compile()
+    wall = time.perf_counter() - start
+    return {"floor": _summary(*log.take(), wall), "empty": empty, "before": len(before)}
+
+
+def _svi_step(spec, data, options):
+    """``(state, arrays) -> state``: one ``SVI.stable_update`` as ``inference.svi``'s step program builds it (guide,
+    Adam, ELBO of the fit's settings; the guide set up by ``SVI.init`` inside the trace, its result unused), with
+    the state's shapes traced abstractly (``jax.eval_shape``: nothing compiles)."""
+    import jax
+    import optax
+    from numpyro.infer import SVI, Trace_ELBO
+
+    import inference
+    from inference.svi import make_guide
+    from inference.trees import split_arguments
+
+    ctx = inference.prepare(spec.name, data, "svi", seed=0, **options).context
+    o = ctx.options
+    arrays, static = split_arguments(ctx.model_kwargs)
+
+    def fresh(arrays):
+        guide = make_guide(spec.model, o["guide"], o["init"], o["rank"])
+        svi = SVI(spec.model, guide, optax.adam(o["learning_rate"]), Trace_ELBO(num_particles=o["num_particles"]))
+        return svi, {**dict(static), **arrays}
+
+    def init(key, arrays):
+        svi, kwargs = fresh(arrays)
+        return svi.init(key, **kwargs)
+
+    def step(state, arrays):
+        svi, kwargs = fresh(arrays)
+        svi.init(jax.random.key(0), **kwargs)   # sets the guide up, as inference.svi's programs do; XLA drops it
+        return svi.stable_update(state, **kwargs)
+
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    return step, (jax.eval_shape(init, key, arrays), arrays)
+
+
+def child_nuts(log: ProgramLog, side: str, model: str, data_path: str, cap: int, size: str = "demo") -> dict:
+    """One side of NUTS against NumPyro, in this fresh process: ``ours`` = ``inference.fit(model, data, "nuts")``
+    (seed 0, then seed 1); ``numpyro`` = ``MCMC(NUTS(model), ...).run(key, **data)`` (NumPyro's defaults where we
+    set nothing: ``jit_model_args=False``), then ``run`` again with another key, on the same model (the spec's
+    ``nuts_reformulation`` where ours samples it), data, kernel and chain settings, extra fields and iterations
+    (``num_warmup``, ``num_samples`` at most ``cap``). Compile seconds of both: the union of JAX's compile spans
+    (tracing, lowering, XLA) inside the call."""
+    import time
+
+    import jax
+    from numpyro.infer import MCMC, NUTS
+
+    import inference
+    import zoo
+    from inference import nuts
+    from inference._init_strategies import INIT_STRATEGIES
+    from inference.trees import split_arguments
+
+    spec, data = zoo.get(model), _load(data_path)
+    options = {**_options(spec, "nuts", size), "progress": False}
+    for name in ("num_warmup", "num_samples"):
+        options[name] = min(options.get(name, cap), cap)
+    log.take()
+    out = {}
+    if side == "ours":
+        for label, seed in (("first", 0), ("second", 1)):
+            start = time.perf_counter()
+            tree = inference.fit(model, data, "nuts", seed=seed, **options)
+            wall = time.perf_counter() - start
+            out[label] = _summary(*log.take(), wall, sampling_compile_s=round(tree.attrs["compile_seconds"], 3),
+                                  reformulation=str(tree.attrs.get("nuts_reformulation", "")))
+        return out
+    ctx = inference.prepare(model, data, "nuts", seed=0, **options).context
+    o, kwargs = ctx.options, ctx.model_kwargs
+    reform = spec.nuts_reformulation
+    if reform is not None and not (o["reformulate"] and reform.applies(kwargs)):
+        reform = None
+    chains = o["num_chains"]
+    method = nuts.chain_method(chains) if hasattr(nuts, "chain_method") else "parallel"
+    kernel = NUTS(reform.model if reform else spec.model, dense_mass=o["dense_mass"],
+                  target_accept_prob=o["target_accept_prob"], max_tree_depth=o["max_tree_depth"],
+                  init_strategy=INIT_STRATEGIES[o["init"]])
+    mcmc = MCMC(kernel, num_warmup=o["num_warmup"], num_samples=o["num_samples"], num_chains=chains,
+                thinning=o["thinning"], chain_method=method, progress_bar=False)
+    arrays, static = split_arguments(kwargs)
+    extra = getattr(nuts, "EXTRA_FIELDS", ())
+    keys = [jax.random.key(s) for s in (0, 1)]
+    log.take()
+    for label, key in zip(("first", "second"), keys, strict=True):
+        start = time.perf_counter()
+        mcmc.run(key, **dict(static), **arrays, extra_fields=extra)
+        jax.block_until_ready(mcmc.get_samples())
+        wall = time.perf_counter() - start
+        out[label] = _summary(*log.take(), wall, reformulation=reform.name if reform else "",
+                              chain_method=method)
+    return out
+
+
+def child_main(argv: list[str]) -> None:
+    """``child TASK ...`` in a fresh process (``_spawn``): one JSON line ``RESULT {...}``."""
+    import os
+
+    log = ProgramLog(os.environ.get("BENCH_COMPILE_DUMP"))
+    task, *args = argv
+    if task == "fit":
+        got = child_fit(log, *args)
+    elif task == "floor":
+        got = child_floor(log, *args)
+    elif task in ("ours", "numpyro"):
+        got = child_nuts(log, task, args[0], args[1], int(args[2]), *args[3:])
+    else:
+        raise SystemExit(f"unknown child task {task!r}")
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    got["xla_flags"] = " ".join(f for f in flags if not f.startswith("--xla_dump"))
+    print("RESULT " + json.dumps(got), flush=True)
+
+
+def _spawn(task: str, args: list[str], timeout: float, hlo: bool = True) -> dict:
+    """``child_main(task, *args)`` in a fresh Python process of this tree, with an empty persistent compilation
+    cache (``BAYES_ZOO_JAX_CACHE``) and an XLA dump folder of its own on a RAM disk where there is one; both are
+    removed after. Returns its result, or ``{"error": ...}``."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    ram = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    cache, dump = tempfile.mkdtemp(prefix="bz-cache-"), tempfile.mkdtemp(prefix="bz-dump-", dir=ram)
+    flags = os.environ.get("XLA_FLAGS", "") + (f" --xla_dump_to={dump} --xla_dump_hlo_as_text" if hlo else "")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "BAYES_ZOO_JAX_CACHE": cache, "MPLBACKEND": "Agg",
+           "XLA_FLAGS": flags.strip(), "BENCH_COMPILE_DUMP": dump if hlo else ""}
+    try:
+        done = subprocess.run([sys.executable, "-m", "benchmarks.bench_compile", "child", task, *args], cwd=REPO,
+                              env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(dump, ignore_errors=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode or not lines:
+        errors = [line for line in done.stderr.splitlines() if re.match(r"[\w.]*(Error|Exception|Exit)\b", line)]
+        tail = (errors or done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return {"error": tail[:300]}
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def _data_file(model: str, size: str, out: Path = OUT) -> str:
+    """The model's demo (or tiny) dataset of seed 0 pickled once, as NumPy arrays, so that a child's first
+    compilation is its fit's: simulating it in the child would compile the simulator first."""
+    import pickle
+
+    import jax
+    import numpy as np
+
+    import zoo
+
+    path = out / "data" / f"{model}-{size}.pkl"
+    if not path.is_file():
+        spec = zoo.get(model)
+        data = (spec.tiny_data() if size == "tiny" else spec.default_data())[0]
+        data = {k: np.asarray(v) if isinstance(v, jax.Array) else v for k, v in data.items()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            pickle.dump(data, f)
+    return str(path)
+
+
+def _read_jsonl(path: Path) -> dict[tuple[str, str], dict]:
+    rows = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                rows[row["pair"], row["task"]] = row
+    return rows
+
+
+def run_tasks(tasks: list[tuple[str, str, list[str], float]], path: Path, jobs: int, hlo: bool = True) -> dict:
+    """Run ``(pair, task, child args, timeout)`` tasks, ``jobs`` at a time, skipping those ``path`` (JSON lines)
+    already holds without an error; each result is appended as it comes, with a progress line."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    done = {k: v for k, v in _read_jsonl(path).items() if "error" not in v}
+    todo = [t for t in tasks if (t[0], t[1]) not in done]
+    print(f"{len(tasks) - len(todo)} of {len(tasks)} tasks already in {path}; running {len(todo)}, {jobs} at a "
+          "time", flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock, start = threading.Lock(), time.time()
+
+    def one(pair: str, task: str, args: list[str], timeout: float) -> dict:
+        t0 = time.time()
+        got = _spawn(task, args, timeout, hlo)
+        return {"pair": pair, "task": task, "seconds": round(time.time() - t0, 1), **got}
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(one, *t) for t in todo]
+        for n, future in enumerate(as_completed(futures), 1):
+            row = future.result()
+            with lock, open(path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            done[row["pair"], row["task"]] = row
+            elapsed = time.time() - start
+            eta = elapsed / n * (len(todo) - n)
+            print(f"[{n}/{len(todo)} {elapsed:5.0f} s, ~{eta:.0f} s left] {row['pair']} {row['task']}: "
+                  f"{_brief(row)}", flush=True)
+    return done
+
+
+def _brief(row: dict) -> str:
+    if "error" in row:
+        return "ERROR " + row["error"]
+    parts = []
+    for label in ("cold", "second", "first", "floor"):
+        r = row.get(label)
+        if isinstance(r, dict):
+            parts.append(f"{label} {r['wall_s']:.2f} s wall, {r['compile_s']:.2f} s compile, {r['programs']} "
+                         f"programs")
+    return "; ".join(parts) or row.get("why", "")
+
+
+def _pairs(only: list[str], classes: tuple[str, ...]) -> list[tuple[str, str]]:
+    import inference
+    import zoo
+
+    return [(m, k) for m in zoo.list_models() for k in inference.methods_for(m)
+            if method_class(k) in classes and (not only or f"{m}/{k}" in only or m in only)]
+
+
+def _programs_cell(programs: list[dict], top: int = 4) -> str:
+    """The largest programs by XLA seconds: ``name xla s / HLO ops``, then the eager ones summed."""
+    ours = sorted((p for p in programs if not p["eager"]), key=lambda p: -p["xla_s"])
+    eager = [p for p in programs if p["eager"]]
+    cells = [f"{p['name']} {p['xla_s']:.2f} s / {p['hlo_ops'] if p['hlo_ops'] is not None else '?'} ops"
+             for p in ours[:top]]
+    if len(ours) > top:
+        cells.append(f"{len(ours) - top} more {sum(p['xla_s'] for p in ours[top:]):.2f} s")
+    if eager:
+        cells.append(f"{len(eager)} eager {sum(p['xla_s'] for p in eager):.2f} s")
+    return "; ".join(cells) or "none"
+
+
+def cold_demo_rows(rows: dict, pairs: list[tuple[str, str]]) -> list[dict]:
+    """The table of ``cold-demo``: one row per pair that has both tasks."""
+    out = []
+    met = 0
+    for model, method in pairs:
+        pair = f"{model}/{method}"
+        fit, floor = rows.get((pair, "fit"), {}), rows.get((pair, "floor"), {})
+        target = TARGET_SECONDS[method_class(method)]
+        row = {"model/method": pair, "target s": f"{target:g}"}
+        if "cold" not in fit:
+            row["cold wall s"] = "error: " + fit.get("error", "not run")[:120]
+            out.append(row)
+            continue
+        cold, second = fit["cold"], fit["second"]
+        row.update({"cold wall s": f"{cold['wall_s']:.2f}", "compile s": f"{cold['compile_s']:.2f}",
+                    "run stage s": f"{cold['run_stage_s']:.2f}",
+                    "tree s": f"{max(cold['wall_s'] - cold['run_stage_s'], 0):.2f}",
+                    "XLA programs (eager)": f"{cold['programs']} ({cold['eager']})",
+                    "programs: XLA s / HLO ops": _programs_cell(cold["program_list"]),
+                    "2nd fit: programs, wall s": f"{second['programs']}, {second['wall_s']:.2f}"})
+        f = floor.get("floor")
+        if f:
+            step = max((p for p in f["program_list"] if not p["eager"]), key=lambda p: p["xla_s"], default=None)
+            ops = step["hlo_ops"] if step else None
+            row["floor: one step s (HLO ops)"] = f"{f['compile_s']:.2f} ({ops if ops is not None else '?'})"
+            row["empty program s"] = f"{floor['empty']['compile_s']:.2f}"
+        else:
+            row["floor: one step s (HLO ops)"] = floor.get("why") or floor.get("error", "not run")[:120]
+        if cold["wall_s"] <= target:
+            row["verdict"], met = "met", met + 1
+        elif f and f["compile_s"] >= target:
+            row["verdict"] = f"out of reach: one step alone compiles in {f['compile_s']:.2f} s"
+        else:
+            row["verdict"] = "missed"
+        out.append(row)
+    fits = [r for r in out if "compile s" in r]
+    if fits:
+        out.append({"model/method": f"{met} of {len(fits)} within target",
+                    "cold wall s": f"{sum(float(r['cold wall s']) for r in fits):.1f}",
+                    "compile s": f"{sum(float(r['compile s']) for r in fits):.1f}"})
+    return out
+
+
+def nuts_rows(rows: dict, models: list[str]) -> list[dict]:
+    out = []
+    for model in models:
+        ours, theirs = rows.get((model, "ours"), {}), rows.get((model, "numpyro"), {})
+        row = {"model": model}
+        if "first" not in ours or "first" not in theirs:
+            row["error"] = "; ".join(f"{s}: {r.get('error', 'not run')[:100]}" for s, r in
+                                     (("ours", ours), ("numpyro", theirs)) if "first" not in r)
+            out.append(row)
+            continue
+        a, b = ours["first"], theirs["first"]
+        row.update({
+            "sampled": a["reformulation"] or "the model", "chain method": b["chain_method"],
+            "ours: sampling compile s": f"{a['sampling_compile_s']:.2f}", "ours: fit compile s (tree too)":
+            f"{a['compile_s']:.2f}", "NumPyro MCMC.run compile s": f"{b['compile_s']:.2f}",
+            "ours sampling / NumPyro": f"{a['sampling_compile_s'] / max(b['compile_s'], 1e-9):.2f}",
+            "ours fit / NumPyro": f"{a['compile_s'] / max(b['compile_s'], 1e-9):.2f}",
+            "programs (eager): ours, NumPyro": f"{a['programs']} ({a['eager']}), {b['programs']} ({b['eager']})",
+            "largest program: ours, NumPyro": " ; ".join(_programs_cell(s["program_list"], 1).split("; ")[0]
+                                                         for s in (a, b)),
+            "2nd run compile s: ours, NumPyro": f"{ours['second']['compile_s']:.2f}, "
+                                                f"{theirs['second']['compile_s']:.2f}",
+            "first wall s: ours, NumPyro": f"{a['wall_s']:.1f}, {b['wall_s']:.1f}"})
+        out.append(row)
+    return out
+
+
+COLD_NOTE = ("One fresh process per pair and task, an empty persistent compilation cache each, the demo data "
+             "(seed 0) made beforehand and the demo options, no progress bar. cold wall: `inference.fit` of the "
+             "first fit, tree included; compile: the union of JAX's compile spans in it (tracing, lowering, XLA); "
+             "run stage: the tree's compile_seconds + run_seconds, tree: the rest; programs: every XLA program "
+             "built (eager: a single JAX operation), the largest by XLA seconds with the instructions of the HLO "
+             "module XLA was given (dumped before its optimisations). 2nd fit: seed 1 in the same process. floor: "
+             "another fresh process compiles an empty program (x + 1.0, its seconds shown), then one step of the "
+             "kernel alone (`jax.jit(step).lower(...).compile()`, "
+             "the loop's program builders stood in for, the step's arguments those the fit would pass; svi: one "
+             "`SVI.stable_update`), its compile seconds and HLO ops: where it passes the target, no program "
+             "that runs the kernel can meet it. Targets (issue 28): a hand-written kernel 2 s, SVI (svi, "
+             "svi_concrete) 4 s.")
+NUTS_NOTE = ("One fresh process per side, an empty persistent compilation cache each, the demo data and the demo "
+             "options with num_warmup and num_samples capped (compile seconds do not depend on them). ours: "
+             "`inference.fit(model, data, 'nuts')`; sampling compile: the tree's compile_seconds (the run "
+             "stage), fit compile: the whole fit's (the tree's log densities too). NumPyro: `MCMC(NUTS(model), "
+             "...).run(key, **data)` with the same model (the spec's NUTS reformulation where ours samples it), "
+             "kernel settings, chains, chain method, extra fields and iterations, NumPyro's defaults otherwise. "
+             "Compile seconds: the union of JAX's compile spans inside the call, the same measure on both sides. "
+             "2nd run: seed 1 (ours: a second fit; NumPyro: `run` again on the same MCMC).")
+
+
+def cli(argv: list[str]) -> int:
+    import argparse
+    import time
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_compile", description=(
+        "cold-demo: every hand-written kernel's and SVI's cold demo fit and its floor; nuts: NUTS beside "
+        "NumPyro's MCMC.run; report: their tables (into benchmarks/results.md with --write). Results go to "
+        "build/bench_compile/<mode>.jsonl as they come; a rerun skips what is there (--fresh: start over)."))
+    p.add_argument("mode", choices=("cold-demo", "nuts", "report"))
+    p.add_argument("--only", default="", help="comma-separated model/method pairs or models")
+    p.add_argument("--jobs", type=int, default=1, help="child processes at a time")
+    p.add_argument("--size", choices=("demo", "tiny"), default="demo", help="tiny: check the code quickly")
+    p.add_argument("--cap", type=int, default=NUTS_CAP, help="nuts: num_warmup and num_samples at most")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per child process")
+    p.add_argument("--no-hlo", action="store_true", help="no XLA dump (op counts '?'), to see what dumping costs")
+    p.add_argument("--fresh", action="store_true", help="discard earlier results of this mode")
+    p.add_argument("--out", type=Path, default=OUT, help="folder of the JSON lines and the pickled data sets")
+    p.add_argument("--write", action="store_true", help="write the tables into benchmarks/results.md (demo size "
+                   "only; cold-demo and nuts: report when done)")
+    a = p.parse_args(argv)
+    only = [s for s in a.only.split(",") if s]
+    suffix = "" if a.size == "demo" else "-tiny"
+    paths = {"cold-demo": a.out / f"cold-demo{suffix}.jsonl", "nuts": a.out / f"nuts{suffix}.jsonl"}
+    started = time.time()
+    if a.mode in paths and a.fresh:
+        paths[a.mode].unlink(missing_ok=True)
+    if a.mode == "cold-demo":
+        pairs = _pairs(only, ("kernel", "svi"))
+        tasks = [(f"{m}/{k}", task, [m, k, _data_file(m, a.size, a.out), a.size], a.timeout)
+                 for m, k in pairs for task in ("fit", "floor")]
+        run_tasks(tasks, paths[a.mode], a.jobs, not a.no_hlo)
+    elif a.mode == "nuts":
+        models = [m for m, _ in _pairs(only, ("nuts",))]
+        tasks = [(m, side, [m, _data_file(m, a.size, a.out), str(a.cap), a.size], a.timeout)
+                 for m in models for side in ("ours", "numpyro")]
+        run_tasks(tasks, paths[a.mode], a.jobs, not a.no_hlo)
+    if a.mode == "report" or a.write:
+        report(paths, only, a.cap, write=a.write and a.size == "demo")
+    print(f"done in {time.time() - started:.0f} s", flush=True)
+    return 0
+
+
+def report(paths: dict[str, Path], only: list[str], cap: int, write: bool = True) -> None:
+    """The two tables from the JSON lines there are, printed and (``write``) written to results.md (section
+    ``compile_cold``), the machine described as the harness does."""
+    from benchmarks.harness import Harness
+
+    h = Harness()
+    h.start("compile_cold")
+    cold, nuts = _read_jsonl(paths["cold-demo"]), _read_jsonl(paths["nuts"])
+    flags = sorted({r.get("xla_flags", "") for r in (*cold.values(), *nuts.values()) if "error" not in r})
+    said = f" XLA_FLAGS of the child processes: {', '.join(f'`{f}`' for f in flags)}." if flags else ""
+    if cold:
+        h.table("Cold demo fits of every hand-written kernel and SVI: programs, compile seconds, HLO ops, and "
+                "the floor", cold_demo_rows(cold, _pairs(only, ("kernel", "svi"))), note=COLD_NOTE + said)
+    if nuts:
+        h.table(f"NUTS beside NumPyro's own MCMC.run: compile seconds, same model, data and settings "
+                f"(iterations capped at {cap})", nuts_rows(nuts, [m for m, _ in _pairs(only, ("nuts",))]),
+                note=NUTS_NOTE + said)
+    if write and (cold or nuts):
+        h.write()
+
+
 if __name__ == "__main__":
     import sys
 
+    if sys.argv[1:2] == ["child"]:
+        child_main(sys.argv[2:])
+        raise SystemExit(0)
+    if sys.argv[1:2] and sys.argv[1] in ("cold-demo", "nuts", "report"):
+        raise SystemExit(cli(sys.argv[1:]))
     # python benchmarks/bench_compile.py counts TREE tiny|demo [model/method ...]: JSON lines of compile counts
     if sys.argv[1:2] == ["counts"]:
         for row in count_compiles(sys.argv[2], sys.argv[3], tuple(sys.argv[4:])):
@@ -216,3 +822,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["budgets"]:
         for row in count_budget_compiles(sys.argv[2]):
             print(json.dumps(row))
+

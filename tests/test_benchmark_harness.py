@@ -75,3 +75,100 @@ def test_compile_profile_plugin_attributes_each_compilation_to_its_test_and_func
     assert all(r[3] >= 0 for r in records)
     summary = summarise(str(out))
     assert "doubled_plus_one" in summary and "test_child.py::test_one" in summary
+
+
+PROGRAM_LOG_CHILD = """
+import json, sys
+from benchmarks.bench_compile import ProgramLog
+log = ProgramLog(sys.argv[1])
+import jax, jax.numpy as jnp
+jax.config.update("jax_enable_x64", True)
+
+def f(x):
+    return jnp.sin(x) @ x
+
+x = jax.device_put(jnp.ones((3, 3)))
+log.take()
+jax.jit(f)(x)
+jax.jit(f)(x)          # the same program: built once
+y = x + 1.0            # an eager operation: a program of its own
+print(json.dumps(log.take()))
+"""
+
+
+def test_program_log_names_each_program_with_its_xla_seconds_and_hlo_ops(tmp_path):
+    """``bench_compile.ProgramLog`` in a fresh process with XLA's dump on: ``sin(x) @ x`` is one program of
+    three HLO instructions (the parameter, sine, dot: counted by hand), the eager add another, marked eager."""
+    import json
+    import subprocess
+    import sys
+
+    dump = tmp_path / "dump"
+    env = {**os.environ, "XLA_FLAGS": f"--xla_dump_to={dump} --xla_dump_hlo_as_text",
+           "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", PROGRAM_LOG_CHILD, str(dump)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    programs, compile_s = json.loads(done.stdout.strip().splitlines()[-1])
+    ours = [p for p in programs if not p["eager"]]
+    assert [(p["name"], p["hlo_ops"]) for p in ours] == [("f", 3)]
+    assert ours[0]["xla_s"] > 0 and compile_s >= ours[0]["xla_s"]
+    assert any(p["eager"] and p["name"] == "add" for p in programs)
+
+
+def test_hlo_ops_counts_the_instructions_of_every_computation():
+    from benchmarks.bench_compile import hlo_ops
+
+    text = """HloModule jit_g, entry_computation_layout={(f64[])->f64[]}
+
+%region_0.1 (a: f64[], b: f64[]) -> f64[] {
+  %a = f64[] parameter(0)
+  %b = f64[] parameter(1)
+  ROOT %add.1 = f64[] add(%a, %b)
+}
+
+ENTRY %main.2 (x.1: f64[4]) -> f64[] {
+  %x.1 = f64[4]{0} parameter(0)
+  %constant.1 = f64[] constant(0)
+  ROOT %reduce.1 = f64[] reduce(%x.1, %constant.1), dimensions={0}, to_apply=%region_0.1
+}
+"""
+    assert hlo_ops(text) == 6
+
+
+def test_the_floor_takes_one_step_of_the_kernel_the_loop_would_run_with_one_restarts_state():
+    """The loop's program builder stood in for (``bench_compile._stand_in``): the fit stops at the program's first
+    call with the kernel's own step and one restart's state shapes (the restart axis dropped), nothing compiled."""
+    from typing import NamedTuple
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from benchmarks.bench_compile import _Captured, _stand_in
+    from inference import loop
+
+    class State(NamedTuple):
+        w: jax.Array
+
+    class Info(NamedTuple):
+        objective: jax.Array
+
+    def init(key, problem):
+        return State(jnp.zeros(problem.shape[1]))
+
+    def step(key, state, problem):
+        w = state.w + 0.1 * problem.sum(0)
+        return State(w), Info(-jnp.sum(w ** 2))
+
+    original = loop._optimiser_program
+    loop._optimiser_program = _stand_in("_optimiser_program")
+    try:
+        with pytest.raises(_Captured) as got:
+            loop.run_until_converged(init, step, np.ones((5, 3)), jax.random.key(0), loop.StopRule(10, 1e-6),
+                                     num_restarts=4)
+    finally:
+        loop._optimiser_program = original
+    assert got.value.step is step
+    assert got.value.state.w.shape == (3,) and got.value.state.w.dtype == jnp.float64
+    assert np.shape(got.value.problem) == (5, 3)
