@@ -493,7 +493,7 @@ def child_nuts(log: ProgramLog, side: str, model: str, data_path: str, cap: int,
                 thinning=o["thinning"], chain_method=method, progress_bar=False)
     arrays, static = split_arguments(kwargs)
     extra = getattr(nuts, "EXTRA_FIELDS", ())
-    keys = [jax.random.key(s) for s in (0, 1)]
+    keys = [jax.random.PRNGKey(s) for s in (0, 1)]   # as a NumPyro user makes them
     log.take()
     for label, key in zip(("first", "second"), keys, strict=True):
         start = time.perf_counter()
@@ -676,7 +676,7 @@ def cold_demo_rows(rows: dict, pairs: list[tuple[str, str]]) -> list[dict]:
             step = max((p for p in f["program_list"] if not p["eager"]), key=lambda p: p["xla_s"], default=None)
             ops = step["hlo_ops"] if step else None
             row["floor: one step s (HLO ops)"] = f"{f['compile_s']:.2f} ({ops if ops is not None else '?'})"
-            row["empty program s"] = f"{floor['empty']['compile_s']:.2f}"
+            row["empty program s"] = f"{floor['empty']['compile_s']:.2f}" if "empty" in floor else "?"
         else:
             row["floor: one step s (HLO ops)"] = floor.get("why") or floor.get("error", "not run")[:120]
         if cold["wall_s"] <= target:
