@@ -11,7 +11,8 @@ Before Sphinx reads a page, this file generates what must not be retyped:
   ``diagnostics.__all__``;
 * ``_generated/papers/<paper>_*.md``: each paper's models, their methods and options (from the registries),
   real datasets, the notebook's printed findings, and its sections of ``benchmarks/results.md``;
-* ``_generated/results/*.md``: ``benchmarks/results.md`` whole and by section.
+* ``_generated/results/*.md``: ``benchmarks/results.md`` whole and by section, and ``headlines.md``: its headline
+  ratios, read from its tables (``docs/headlines.py``; a headline that is not found is a build warning).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ ROOT = Path(os.environ.get("BAYES_ZOO_ROOT", DOCS.parent)).resolve()
 GEN = DOCS / "_generated"
 NOTEBOOKS = DOCS / "notebooks"
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(DOCS))
+import headlines  # noqa: E402  (docs/headlines.py)
 
 # The paper pages (docs/papers/<paper>.md), the zoo models each covers, its notebooks and its sections of
 # benchmarks/results.md.
@@ -293,6 +296,16 @@ def _shift_headings(text: str, by: int) -> str:
     return "\n".join(out)
 
 
+_HEADLINES_MISSING: list[str] = []
+
+
+def _warn_missing_headlines(app) -> None:
+    from sphinx.util import logging
+
+    for message in _HEADLINES_MISSING:
+        logging.getLogger(__name__).warning(message)
+
+
 def _results() -> None:
     results = GEN / "results"
     results.mkdir(parents=True, exist_ok=True)
@@ -301,6 +314,7 @@ def _results() -> None:
     (results / "all.md").write_text(body)
     for name, body in _results_sections().items():
         (results / f"{re.sub(r'[^A-Za-z0-9_]+', '_', name)}.md").write_text(body)
+    _HEADLINES_MISSING[:] = headlines.write(ROOT / "benchmarks" / "results.md", results / "headlines.md")
 
 
 def _cell(text: str) -> str:
@@ -388,6 +402,7 @@ _generate()
 
 
 def setup(app):
+    app.connect("builder-inited", _warn_missing_headlines)
     app.connect("autodoc-process-docstring", _docstring_as_text_when_not_rst)
     if (DOCS / "_static" / "gallery.css").exists():
         app.add_css_file("gallery.css")

@@ -7,6 +7,7 @@ notebook rendered with its figures and shown in the gallery with a thumbnail."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -44,6 +45,14 @@ def site(tmp_path_factory) -> Path:
     return work / "html"
 
 
+def _headlines():
+    """docs/headlines.py, the parser the site's build reads the headline ratios of results.md with."""
+    spec = importlib.util.spec_from_file_location("docs_headlines", ROOT / "docs" / "headlines.py")
+    module = sys.modules.setdefault(spec.name, importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(module)
+    return module
+
+
 def page(site: Path, name: str) -> str:
     path = site / f"{name}.html"
     assert path.is_file(), f"no page {name}.html"
@@ -61,6 +70,8 @@ def test_landing_getting_started_benchmarks_and_a_page_per_paper(site):
     sections = re.findall(r"(?m)^## (.+)$", results)
     bench = page(site, "benchmarks")
     assert sections and all(s.split()[0] in bench for s in sections), "benchmarks.html includes results.md"
+    found, _ = _headlines().extract(results)
+    assert found and all(f"<strong>{f.value}</strong>" in bench for f in found), "the headline ratios table"
     models = [m for m in zoo.list_models() if zoo.get(m).model.__module__.startswith("zoo.")]
     headings = {p: re.findall(r"<h3[^>]*>(.*?)</h3>", page(site, f"papers/{p}"), re.S) for p in PAPERS}
     for model in models:
