@@ -14,6 +14,17 @@ process, where programs shared between fits (log densities of the tree build, NU
 number of iterations (NUTS compiles one step; Gibbs one chunk of at most 100 sweeps), so the compile seconds
 are the demo's while ssgp_logit/probit's NUTS (500 + 1500 deep-tree iterations, minutes each) is spared; the
 run and share columns of capped rows are then those of the shortened runs (marked).
+
+Issue 28's done-when, from the command line (``cli``; results as JSON lines in ``build/bench_compile/``, one line
+per finished child, so an interrupted run resumes where it stopped; ``--jobs 2`` runs two children at a time):
+
+* ``python -m benchmarks.bench_compile cold-demo``: every hand-written kernel's and SVI's cold fit of its demo data
+  in a fresh process with an empty persistent cache: each XLA program's compile seconds and HLO op count, the
+  wall (tree included), a second fit with another seed; and its floor, one step of the kernel compiled alone in
+  another fresh process (``child_floor``);
+* ``python -m benchmarks.bench_compile nuts``: our NUTS fit beside NumPyro's own ``MCMC.run`` on the same model,
+  data and settings, one fresh process per side (``child_nuts``);
+* ``python -m benchmarks.bench_compile report --write``: their tables into results.md, section ``compile_cold``.
 """
 
 from __future__ import annotations
@@ -215,7 +226,7 @@ def count_budget_compiles(tree) -> list[dict]:
 
 OUT = REPO / "build" / "bench_compile"
 TARGET_SECONDS = {"kernel": 2.0, "svi": 4.0}   # issue 28: a hand-written kernel's cold fit, an SVI's
-NUTS_CAP = 100   # warm-up and kept iterations of both NUTS sides: compile seconds do not depend on them
+NUTS_CAP = 50   # warm-up and kept iterations of both NUTS sides: compile seconds do not depend on them
 
 
 def method_class(method: str) -> str:

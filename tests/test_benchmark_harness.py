@@ -105,7 +105,8 @@ def test_program_log_names_each_program_with_its_xla_seconds_and_hlo_ops(tmp_pat
 
     dump = tmp_path / "dump"
     env = {**os.environ, "XLA_FLAGS": f"--xla_dump_to={dump} --xla_dump_hlo_as_text",
-           "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[1])}
+           "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[1]),
+           "BAYES_ZOO_JAX_CACHE": str(tmp_path / "cache")}   # empty, as the benchmark's: a cached program has no dump
     done = subprocess.run([sys.executable, "-c", PROGRAM_LOG_CHILD, str(dump)], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
