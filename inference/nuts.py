@@ -12,22 +12,28 @@ meets the better geometry and returns draws of the same sites with the same post
 samples the model itself (to check the two agree). Divergences and energies are those of the sampled
 coordinates; the tree's ``nuts_reformulation`` attr names the reformulation used ("" when none).
 
-Without a progress bar a run is one compiled program (``_sampling_program``, kept per model, settings and data
-shapes); with one, NumPyro's ``MCMC.run`` draws the bar from the host (``_sampler``). Both give NumPyro's draws.
+A run is one compiled program (``_sampling_program``, kept per model, settings and data shapes) of NumPyro's own
+kernel, called from the host until ``num_samples`` draws are kept (``run_chains``): ``num_samples``, ``thinning``
+and the key are its arguments, so fits that differ only in them compile nothing; a progress bar is advanced
+between calls. ``num_samples`` counts the draws kept: a run takes ``num_warmup + num_samples * thinning``
+transitions, as every sampler of the zoo. The draws are those of NumPyro's ``MCMC.run`` with ``num_samples *
+thinning`` samples and this ``thinning``.
 """
 
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from numpyro.infer import MCMC, NUTS
+from numpyro.infer import NUTS
+from tqdm.auto import tqdm
 
-from inference import host_keys, programs
+from inference import host_keys, loop, programs
 from inference._init_strategies import INIT_STRATEGIES
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.progress import progress_enabled
@@ -69,80 +75,172 @@ OPTIONS = {
 
 SAMPLER_SETTINGS = ("num_warmup", "num_samples", "num_chains", "thinning", "dense_mass", "target_accept_prob",
                     "max_tree_depth", "init")
+# the settings compiled into the sampling program; num_samples, thinning and the key are its arguments
+PROGRAM_SETTINGS = ("num_warmup", "num_chains", "dense_mass", "target_accept_prob", "max_tree_depth", "init")
 EXTRA_FIELDS = ("diverging", "energy", "num_steps", "accept_prob", "adapt_state.step_size")
 
 
-class _CheckedNUTS(NUTS):
-    """NUTS that keeps whether its initial point has a finite potential energy and gradient (``init_ok``).
-    NumPyro checks this only when the search runs outside a trace (``find_valid_initial_params``); inside
-    ``_sampling_program`` it cannot, so the program returns the flag and ``run_nuts`` raises NumPyro's error."""
-
-    def init(self, rng_key, num_warmup, init_params=None, model_args=(), model_kwargs={}):  # noqa: B006 (NumPyro's)
-        state = super().init(rng_key, num_warmup, init_params, model_args, model_kwargs)
-        finite = [jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(state.z_grad)]
-        self.init_ok = jnp.isfinite(state.potential_energy) & jnp.all(jnp.stack(finite))
-        return state
-
-
-def _mcmc(model, static: tuple, settings: tuple, num_chains: int, method: str) -> MCMC:
-    o = dict(settings)
-    kernel = _CheckedNUTS(functools.partial(model, **dict(static)), dense_mass=o["dense_mass"],
-                          target_accept_prob=o["target_accept_prob"], max_tree_depth=o["max_tree_depth"],
-                          init_strategy=INIT_STRATEGIES[o["init"]])
-    return MCMC(kernel, num_warmup=o["num_warmup"], num_samples=o["num_samples"], num_chains=num_chains,
-                thinning=o["thinning"], chain_method=method, progress_bar=o["progress"], jit_model_args=True)
-
-
-@programs.cached(maxsize=16)
-def _sampler(model, static: tuple, settings: tuple) -> MCMC:
-    """NumPyro's ``MCMC`` for ``model`` with its non-array arguments ``static`` bound and these settings, kept
-    for the process: the data arrays are arguments of the compiled program (``jit_model_args``), so fits of
-    one model on data of the same shapes (other seeds, other data sets) compile once. Used with a progress bar
-    (NumPyro draws it from the host); without one, ``_sampling_program``."""
-    o = dict(settings)
-    return _mcmc(model, static, settings, o["num_chains"], chain_method(o["num_chains"]))
-
-
 class SamplingProgram(NamedTuple):
-    """``run(key, data arrays) -> (draws, extra fields, init_ok)``, every leaf with a leading chain axis,
-    compiled as one program; ``chain_method`` says how its chains are mapped."""
+    """``run(carry, keys, data arrays, budget, start) -> (carry, buffer, next t, kept)``, compiled once, every
+    leaf with a leading chain axis; ``start_shapes(keys, data arrays)``: the carry's shapes (abstract, nothing
+    compiles); ``chain_method`` says how its chains are mapped."""
 
     chain_method: str
     run: Callable
+    start_shapes: Callable
+
+
+def _is_key(a) -> bool:
+    return jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key)
+
+
+def _words_of(tree):
+    """``tree`` with every key leaf as its data words: the carry leaves and enters the program as plain arrays (a
+    key array on the device, sharded over the chains by ``pmap``, compiled a slicing program of its own)."""
+    return jax.tree.map(lambda a: jax.random.key_data(a) if _is_key(a) else a, tree)
+
+
+def _keys_of(tree, like):
+    """``_words_of`` undone: the leaves that are keys in ``like`` (shapes) wrapped again."""
+    return jax.tree.map(lambda a, s: jax.random.wrap_key_data(a, impl=s.dtype._impl) if _is_key(s) else a, tree, like)
+
+
+def _init_ok(state) -> jax.Array:
+    """Whether the initial point has a finite potential energy and gradient. NumPyro checks this only when its
+    search runs outside a trace (``find_valid_initial_params``); inside the program it cannot, so the program
+    returns the flag and ``run_nuts`` raises NumPyro's error."""
+    finite = [jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(state.z_grad)]
+    return jnp.isfinite(state.potential_energy) & jnp.all(jnp.stack(finite))
 
 
 @programs.cached(maxsize=16)
 def _sampling_program(model, static: tuple, settings: tuple) -> SamplingProgram:
-    """The whole NUTS run without a progress bar (the model's trace, the search for an initial point, the
-    adaptation's start, warm-up and sampling, every chain) as **one** compiled program of (key, data arrays),
-    kept for the process.
+    """The NUTS run of ``model`` (its non-array arguments ``static`` bound) as **one** compiled program, kept for
+    the process, called from the host until every draw is kept (``run_nuts``). Only ``PROGRAM_SETTINGS`` of
+    ``settings`` shape it: ``num_samples``, ``thinning`` and the key are arguments, so fits that differ only in
+    them compile nothing. ``num_warmup`` stays a constant: NumPyro builds the warm-up's adaptation windows in
+    Python from it when the kernel starts (``build_adaptation_schedule``, closed over by the kernel's step).
 
-    Why not ``MCMC.run`` itself: NumPyro initialises one chain, and vectorized chains, operation by operation
-    (hundreds of eager XLA programs in a first fit), and it traces a new ``pmap`` for every run of parallel
-    chains, so a second fit on same-shaped data compiled again (benchmarks/results.md, "lab notes from
-    inference/"). Chain ``c`` runs NumPyro's one-chain ``MCMC.run`` with
-    ``split(key, num_chains)[c]`` (``key`` itself for one chain), as ``MCMC.run`` does, so the draws are those
-    of NumPyro's own parallel and sequential chain methods; the chains are mapped by ``chain_method``: ``pmap``,
-    ``vmap`` (vectorized) or ``lax.map`` (sequential)."""
+    Chain ``c`` is NumPyro's own kernel (``NUTS.init``, ``NUTS.sample`` and ``postprocess_fn``, as
+    ``MCMC.run`` calls them with ``jit_model_args``) from ``keys[c]`` (``split(key, num_chains)[c]``, ``key``
+    itself for one chain, as ``MCMC.run`` splits it). A call: where ``start`` (a run's first call), the carry is
+    replaced by every chain's ``NUTS.init`` and whether it found a finite initial point (``lax.cond``); then a
+    ``while_loop`` of NUTS transitions ``t = t0, ...`` that ends at ``total = num_warmup + num_samples *
+    thinning``, after ``limit`` transitions, or when its buffer of kept draws is full (``ROWS`` draws, fewer where
+    a draw is large); transition ``t`` is kept where ``t >= num_warmup`` and ``(t - num_warmup + 1) % thinning ==
+    0`` (the last of every ``thinning``), its constrained sites and ``EXTRA_FIELDS`` written to the buffer. So the
+    draws are those of ``MCMC.run`` with ``num_samples * thinning`` samples thinned by ``thinning``.
+    ``budget = (thinning, total, t0, limit)``.
+
+    The chains are mapped by ``chain_method``: ``pmap``, ``vmap`` (vectorized) or ``lax.map`` (sequential); one
+    chain is not mapped. Why not ``MCMC.run`` itself: it initialises one chain, and vectorized chains, operation
+    by operation (hundreds of eager XLA programs in a first fit), traces a new ``pmap`` for every run of parallel
+    chains, and compiles ``num_samples`` and ``thinning`` into its loop (benchmarks/results.md, "lab notes from
+    inference/")."""
     o = dict(settings)
-    num_chains, method = o["num_chains"], chain_method(o["num_chains"])
+    num_warmup, num_chains = int(o["num_warmup"]), int(o["num_chains"])
+    method = chain_method(num_chains)
 
-    def one_chain(key, arrays):
-        mcmc = _mcmc(model, static, settings, 1, "sequential")
-        mcmc.run(key, **arrays, extra_fields=EXTRA_FIELDS)
-        return mcmc.get_samples(), mcmc.get_extra_fields(), mcmc.sampler.init_ok
+    def kernel() -> NUTS:
+        return NUTS(functools.partial(model, **dict(static)), dense_mass=o["dense_mass"],
+                    target_accept_prob=o["target_accept_prob"], max_tree_depth=o["max_tree_depth"],
+                    init_strategy=INIT_STRATEGIES[o["init"]])
 
-    def run(key, arrays):
+    def start(nuts, key, arrays):
+        state = nuts.init(key, num_warmup, None, (), arrays)
+        return loop.strongly_typed((state, _init_ok(state)))
+
+    def collect(nuts, state, arrays):
+        return nuts.postprocess_fn((), arrays)(state.z), {f: operator.attrgetter(f)(state) for f in EXTRA_FIELDS}
+
+    def one_chain(carry, key, arrays, budget, fresh):
+        thinning, total, t0, limit = budget
+        nuts = kernel()
+        carry = jax.lax.cond(fresh, lambda: start(nuts, key, arrays), lambda: carry)
+        shapes = jax.eval_shape(lambda s: collect(nuts, s, arrays), carry[0])
+        rows = loop._buffer_rows(shapes, num_chains)
+        buffer = jax.tree.map(lambda s: jnp.zeros((rows, *s.shape), s.dtype), shapes)
+        end = jnp.minimum(total, t0 + limit)
+
+        def go_on(state):
+            t, j, _, _ = state
+            return (t < end) & (j < rows)
+
+        def body(state):
+            t, j, (hmc, ok), buffer = state
+            hmc = nuts.sample(hmc, (), arrays)
+            kept = (t >= num_warmup) & ((t - num_warmup + 1) % thinning == 0)
+            buffer = jax.lax.cond(kept, lambda: jax.tree.map(
+                lambda b, x: jax.lax.dynamic_update_index_in_dim(b, x, j, 0), buffer, collect(nuts, hmc, arrays)),
+                lambda: buffer)
+            return t + 1, j + kept.astype(jnp.int32), (hmc, ok), buffer
+
+        t, j, carry, buffer = jax.lax.while_loop(go_on, body, (t0, jnp.asarray(0, jnp.int32), carry, buffer))
+        return loop.strongly_typed(carry), buffer, t, j
+
+    def chain_shapes(key, arrays):
+        return jax.eval_shape(lambda k, a: start(kernel(), k, a), key, arrays)
+
+    def run(carry, key_words, arrays, budget, fresh):
+        keys = jax.random.wrap_key_data(key_words)
+        carry = _keys_of(carry, chain_shapes(keys[0], arrays))
         if num_chains == 1:
-            return jax.tree.map(lambda a: a[None], one_chain(key, arrays))
-        keys = jax.random.split(key, num_chains)
-        if method == "parallel":
-            return jax.pmap(one_chain, in_axes=(0, None))(keys, arrays)
-        if method == "vectorized":
-            return jax.vmap(one_chain, in_axes=(0, None))(keys, arrays)
-        return jax.lax.map(lambda k: one_chain(k, arrays), keys)
+            out = one_chain(jax.tree.map(lambda a: a[0], carry), keys[0], arrays, budget, fresh)
+            out = jax.tree.map(lambda a: a[None], out)
+        else:
+            mapped = (0, 0, None, None, None)
+            if method == "parallel":
+                out = jax.pmap(one_chain, in_axes=mapped)(carry, keys, arrays, budget, fresh)
+            elif method == "vectorized":
+                out = jax.vmap(one_chain, in_axes=mapped)(carry, keys, arrays, budget, fresh)
+            else:
+                out = jax.lax.map(lambda c: one_chain(c[0], c[1], arrays, budget, fresh), (carry, keys))
+        return (_words_of(out[0]), *out[1:])
 
-    return SamplingProgram(method, jax.jit(run))
+    shapes: dict = {}
+
+    def start_shapes(key_words, arrays):
+        key = loop._shape_key((key_words, arrays))
+        if key not in shapes:
+            every = jax.vmap(lambda k, a: start(kernel(), k, a), in_axes=(0, None))
+            shapes[key] = jax.eval_shape(lambda w, a: _words_of(every(jax.random.wrap_key_data(w), a)), key_words,
+                                         arrays)
+        return shapes[key]
+
+    return SamplingProgram(method, jax.jit(run), start_shapes)
+
+
+def run_chains(program: SamplingProgram, key_words: np.ndarray, arrays: dict, *, num_warmup: int, num_samples: int,
+               thinning: int, progress: bool, desc: str = "nuts") -> tuple[dict, dict]:
+    """Every chain of ``program`` (chain ``c`` from the key of words ``key_words[c]``) for ``num_warmup +
+    num_samples * thinning`` transitions, ``num_samples`` draws kept: calls of the one compiled program, each going
+    on from the last one's carry, until every draw is kept (without a bar, as few calls as its buffer of kept draws
+    allows; with one, a twentieth of the run per call, NumPyro's ``progress_rate``, the bar advanced between
+    calls). Returns (constrained sites, ``EXTRA_FIELDS``) as NumPy arrays with leading (chain, draw) axes. Raises
+    NumPyro's "Cannot find valid initial parameters" (``RuntimeError``) after the first call where a chain found
+    no finite initial point."""
+    total = num_warmup + num_samples * thinning
+    chunk = max(1, -(-total // 20)) if progress else total
+    carry = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), program.start_shapes(key_words, arrays))
+    outs, t, fresh = [], 0, True
+    bar = tqdm(total=total, desc=desc, disable=not progress, leave=False)
+    while t < total:
+        budget = (np.int32(thinning), np.int32(total), np.int32(t), np.int32(chunk))
+        carry, out, t_next, kept = jax.device_get(program.run(carry, key_words, arrays, budget, np.bool_(fresh)))
+        t_next, kept = int(t_next[0]), int(kept[0])
+        if fresh:
+            ok = np.asarray(carry[1])
+            if not np.all(ok):
+                bar.close()
+                raise RuntimeError(f"{NUMPYRO_NO_INIT} (chains {np.flatnonzero(~ok).tolist()})")
+            fresh = False
+        if kept:
+            outs.append(jax.tree.map(lambda a, k=kept: np.asarray(a)[:, :k], out))
+        bar.update(t_next - t)
+        bar.set_postfix_str("warmup" if t_next <= num_warmup else "sample", refresh=False)
+        t = t_next
+    bar.close()
+    return jax.tree.map(lambda *a: np.concatenate(a, axis=1), *outs)
 
 
 @register_method("nuts", kind="sampler", options=OPTIONS)
@@ -154,16 +252,14 @@ def run_nuts(ctx: FitContext) -> Draws:
     if reform is not None and not (o["reformulate"] and reform.applies(kwargs)):
         reform = None
     arrays, static = split_arguments(kwargs)
-    settings = tuple((k, o[k]) for k in SAMPLER_SETTINGS) + (("progress", progress_enabled(o["progress"])),)
+    settings = tuple((k, o[k]) for k in PROGRAM_SETTINGS)
     model = reform.model if reform else ctx.spec.model
-    if dict(settings)["progress"]:
-        mcmc = _sampler(model, static, settings)
-        mcmc.run(ctx.key, **arrays, extra_fields=EXTRA_FIELDS)
-        samples, extra = mcmc.get_samples(group_by_chain=True), mcmc.get_extra_fields(group_by_chain=True)
-    else:
-        samples, extra, init_ok = _sampling_program(model, static, settings).run(ctx.key, arrays)
-        if not np.all(np.asarray(init_ok)):
-            raise RuntimeError(f"{NUMPYRO_NO_INIT} (chains {np.flatnonzero(~np.asarray(init_ok)).tolist()})")
+    num_chains = o["num_chains"]
+    keys = host_keys.split(ctx.key, num_chains) if num_chains > 1 else ctx.key
+    key_words = host_keys.words(keys).reshape(num_chains, -1)
+    samples, extra = run_chains(_sampling_program(model, static, settings), key_words, arrays,
+                                num_warmup=o["num_warmup"], num_samples=o["num_samples"], thinning=o["thinning"],
+                                progress=progress_enabled(o["progress"]))
     if reform is not None:
         samples = map_draws(reform, host_keys.fold_in(ctx.key, 1), samples, kwargs)
     samples = {k: np.asarray(v) for k, v in samples.items()}

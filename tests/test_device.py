@@ -50,13 +50,12 @@ def fake_accelerator(monkeypatch, platform="gpu", count=1):
 
 
 def test_nuts_on_one_gpu_builds_a_vectorized_sampler_and_on_the_cpu_a_parallel_one(monkeypatch):
-    """The sampler ``run_nuts`` builds (``nuts._sampler``; building compiles nothing) takes the rule's method."""
+    """The sampling program ``run_nuts`` builds (``nuts._sampling_program``; building compiles nothing) takes the
+    rule's method."""
     model = zoo.get("ppca").model
-    settings = tuple((k, nuts.OPTIONS[k].default) for k in nuts.SAMPLER_SETTINGS) + (("progress", False),)
-    assert nuts._sampler.__wrapped__(model, (), settings).chain_method == "parallel"
+    settings = tuple((k, nuts.OPTIONS[k].default) for k in nuts.PROGRAM_SETTINGS)
     assert nuts._sampling_program.__wrapped__(model, (), settings).chain_method == "parallel"
     fake_accelerator(monkeypatch)
-    assert nuts._sampler.__wrapped__(model, (), settings).chain_method == "vectorized"
     assert nuts._sampling_program.__wrapped__(model, (), settings).chain_method == "vectorized"
 
 
