@@ -275,28 +275,38 @@ def run_nuts(ctx: FitContext) -> Draws:
                  attrs={"nuts_reformulation": reform.name if reform else ""})
 
 
-def map_draws(reform, key, samples: dict, model_kwargs: dict, batch_size: int = 256) -> dict:
-    """``reform.to_sites`` applied to every draw of ``samples`` (leading (chain, draw) axes), one key per draw
-    (``split(key, n)``, made on the host). Reshaped and cut in NumPy: as JAX operations, one at a time, each
-    reshape compiled a program of its own."""
+MAP_BLOCK = 256   # draws per call of the site mapper (fixed: no num_samples shapes its program)
+
+
+def map_draws(reform, key, samples: dict, model_kwargs: dict, block: int = MAP_BLOCK) -> dict:
+    """``reform.to_sites`` applied to every draw of ``samples`` (leading (chain, draw) axes), draw ``i`` (chains
+    one after the other) with the key ``split(key, n)[i]`` (made on the host), through one compiled program of
+    ``block`` draws (``_site_mapper``), called per block, the last one padded with copies of the first draw and its
+    extra rows cut, so no program depends on the number of draws. Reshaped and cut in NumPy: as JAX operations,
+    one at a time, each reshape compiled a program of its own."""
     samples = jax.device_get(samples)
     n_chain, n_draw = next(iter(samples.values())).shape[:2]
-    flat = {k: np.reshape(np.asarray(v), (n_chain * n_draw, *np.shape(v)[2:])) for k, v in samples.items()}
-    keys = host_keys.split(key, n_chain * n_draw)
+    n = n_chain * n_draw
+    n_blocks = -(-n // block)
+    flat = {k: np.reshape(np.asarray(v), (n, *np.shape(v)[2:])) for k, v in samples.items()}
+    flat = {k: np.concatenate([v, np.repeat(v[:1], n_blocks * block - n, axis=0)]) for k, v in flat.items()}
+    words = host_keys.words(host_keys.split(key, n_blocks * block))
     arrays, static = split_arguments(model_kwargs)
-    batch = min(batch_size, n_chain * n_draw)
-    out = jax.device_get(_site_mapper(reform, static, batch)(keys, flat, arrays))
-    return {k: np.reshape(np.asarray(v), (n_chain, n_draw, *np.shape(v)[1:])) for k, v in out.items()}
+    mapper = _site_mapper(reform, static)
+    outs = [jax.device_get(mapper(host_keys.wrap(words[b * block:(b + 1) * block]),
+                                  {k: v[b * block:(b + 1) * block] for k, v in flat.items()}, arrays))
+            for b in range(n_blocks)]
+    out = {k: np.concatenate([np.asarray(o[k]) for o in outs])[:n] for k in outs[0]}
+    return {k: np.reshape(v, (n_chain, n_draw, *v.shape[1:])) for k, v in out.items()}
 
 
 @programs.cached(maxsize=16)
-def _site_mapper(reform, static: tuple, batch: int):
-    """The compiled ``(keys, draws, data arrays) -> model sites`` of ``map_draws``, one per reformulation and
-    non-array arguments (data arrays are arguments, so same-shaped data share it)."""
+def _site_mapper(reform, static: tuple):
+    """The compiled ``(keys, draws, data arrays) -> model sites`` of ``map_draws``, vectorised over a block of draws,
+    one per reformulation and non-array arguments (data arrays are arguments, so same-shaped data share it)."""
 
     def to_sites(keys, flat, arrays):
         kwargs = {**dict(static), **arrays}
-        return jax.lax.map(lambda a: reform.to_sites(a[0], a[1], kwargs), (keys, flat), batch_size=batch)
+        return jax.vmap(lambda k, a: reform.to_sites(k, a, kwargs))(keys, flat)
 
     return jax.jit(to_sites)
-

@@ -85,9 +85,9 @@ XLA_PROGRAMS: dict[tuple[str, str], int] = {
 # the reason, and the check changes the other budgets only.
 BUDGETS = ("max_iter", "tol", "num_samples", "num_warmup", "num_steps", "thinning")
 CONSTANT_BUDGETS: dict[str, tuple[str, ...]] = {
-    # NumPyro builds the warm-up's adaptation windows in Python from num_warmup, and collects num_samples *
-    # thinning draws with a static fori_collect: the whole run is one NumPyro program of these constants
-    "nuts": ("num_warmup", "num_samples", "thinning"),
+    # NumPyro builds the warm-up's adaptation windows in Python from num_warmup when the kernel starts
+    # (build_adaptation_schedule), and the kernel's step closes over them
+    "nuts": ("num_warmup",),
 }
 
 

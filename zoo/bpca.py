@@ -512,8 +512,9 @@ SPEC = register(ModelSpec(
     tiny_sizes={"N": 30, "D": 5, "M": 2, "scales": (2.0, 1.0), "num_nodes": 3},
     demo_sizes={"N": 100, "D": 8, "M": 2, "scales": (3.0, 1.5), "sigma": 0.5, "num_nodes": 4},
     # NUTS long enough for R-hat < 1.01 and ESS >= 400 on every summary (the run lengths tried, dense mass
-    # included: benchmarks/results.md, run_lengths); thinned by 4: the ESS is in the autocorrelation, not the count.
-    demo_options={"nuts": {"num_warmup": 1000, "num_samples": 8000, "thinning": 4, "M": 2},
+    # included: benchmarks/results.md, run_lengths); thinned by 4 (8000 transitions, 2000 draws kept): the ESS is
+    # in the autocorrelation, not the count.
+    demo_options={"nuts": {"num_warmup": 1000, "num_samples": 2000, "thinning": 4, "M": 2},
                   "svi": {"num_steps": 5000, "guide": "normal", "M": 2},
                   "vbem": {"M": 2},
                   "badmm": {"M": 2},
