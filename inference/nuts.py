@@ -170,9 +170,11 @@ def _sampling_program(model, static: tuple, settings: tuple) -> SamplingProgram:
             t, j, (hmc, ok), buffer = state
             hmc = nuts.sample(hmc, (), arrays)
             kept = (t >= num_warmup) & ((t - num_warmup + 1) % thinning == 0)
-            buffer = jax.lax.cond(kept, lambda: jax.tree.map(
-                lambda b, x: jax.lax.dynamic_update_index_in_dim(b, x, j, 0), buffer, collect(nuts, hmc, arrays)),
-                lambda: buffer)
+            # row j is written at every transition (in place: a buffer chosen by a cond would be copied) and
+            # kept where j moves on; the draw is constrained only where kept
+            draw = jax.lax.cond(kept, lambda: collect(nuts, hmc, arrays),
+                                lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
+            buffer = jax.tree.map(lambda b, x: jax.lax.dynamic_update_index_in_dim(b, x, j, 0), buffer, draw)
             return t + 1, j + kept.astype(jnp.int32), (hmc, ok), buffer
 
         t, j, carry, buffer = jax.lax.while_loop(go_on, body, (t0, jnp.asarray(0, jnp.int32), carry, buffer))

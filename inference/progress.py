@@ -1,6 +1,6 @@
 """What a long run prints: the ``progress`` option (whether a progress bar shows; ``inference.loop`` advances one
-between its compiled chunks, NUTS and SVI use NumPyro's) and ``explained_warnings`` (warnings a user cannot act on,
-caught and summarised once with what they mean)."""
+between its compiled chunks, NUTS between calls of its one program, SVI uses NumPyro's) and ``explained_warnings``
+(warnings a user cannot act on, caught and summarised once with what they mean)."""
 
 from __future__ import annotations
 

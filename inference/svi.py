@@ -12,7 +12,7 @@ parameters are stored in group ``variational``. There is no closed-form bound: t
 ``num_particles``-sample estimate at each step, and the tree's ``objective`` attribute the mean of its last 5 %
 (of the finite ones).
 
-Compiled once per (model, non-array model arguments, guide settings, data shapes), like ``nuts._sampler``: the
+Compiled once per (model, non-array model arguments, guide settings, data shapes), like ``nuts._sampling_program``: the
 data arrays are arguments of three cached programs (``_programs``: initialise, a chunk of ``CHUNK_STEPS`` Adam
 steps, ``DRAW_BLOCK`` draws), so a second fit on data of the same shapes (another seed, another data set, another
 ``num_steps`` or ``num_samples``) compiles nothing. NumPyro's autoguides set themselves up on their first call
