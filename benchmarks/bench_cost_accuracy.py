@@ -8,8 +8,10 @@ compile count (XLA programs built over all its fits against those of its first f
 arguments of the compiled programs builds no program after its first fit).
 
 Each model's frame is checkpointed to ``BENCH_CA_DIR`` (default ``build/bench_cost_accuracy/<model>.csv``) and
-reused by a rerun (delete it to measure again). ``BENCH_CA_MODELS``: comma-separated models (default: ppca,
-mppca, bpca, hlcr); ``BENCH_CA_METHODS``: ``model/method`` names to keep (default: every method);
+reused by a rerun (delete it to measure again); beside it ``<model>.commit`` (the code it ran on) and
+``<model>.load`` (the box's load average when it started and ended), which the model's tables state.
+``BENCH_CA_MODELS``: comma-separated models (default: ppca, mppca, bpca, hlcr); ``BENCH_CA_METHODS``:
+``model/method`` names to keep (default: every method);
 ``BENCH_CA_SAMPLER_CAP``: the most draws per chain a sampler's ladder goes to (default: none; the default
 ladders go to twice the demo's setting); ``BENCH_CA_BEFORE``: a checkpoint folder of the same ladders run on
 other code, compared program by program with this one.
@@ -50,13 +52,19 @@ def run_model(model: str, methods: list[str]) -> pd.DataFrame:
 
     path = checkpoint_dir() / f"{model}.csv"
     if path.is_file():
-        print(f"{model}: reusing {path}", flush=True)
+        print(f"{model}: reusing {path} (code at {measured_at(model)})", flush=True)
         return pd.read_csv(path)
+    code, start = commit(), _load()
     frame = cost_accuracy(model, None, methods, budgets=ladders(model, methods), log=lambda s: print(s, flush=True))
     path.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(path, index=False)
-    path.with_suffix(".commit").write_text(commit())
+    path.with_suffix(".commit").write_text(code)
+    path.with_suffix(".load").write_text(f"{start} at the start, {_load()} at the end")
     return frame
+
+
+def _load() -> str:
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def commit() -> str:
@@ -75,6 +83,11 @@ def measured_at(model: str) -> str:
     return path.read_text().strip() if path.is_file() else "unrecorded"
 
 
+def load_during(model: str) -> str:
+    path = checkpoint_dir() / f"{model}.load"
+    return path.read_text().strip() if path.is_file() else "unrecorded"
+
+
 def main(h) -> None:
     import inference
     from diagnostics.ladders import error_slope, plateau, time_to_rule
@@ -87,7 +100,8 @@ def main(h) -> None:
         frame = run_model(model, methods)
         rule = time_to_rule(frame)
         rows = []
-        summary.append({"model": model, **{
+        summary.append({"model": model, "code at": measured_at(model), "load average (1, 5, 15 min)":
+                        load_during(model), **{
             r.method: (f"{r.run_seconds:.3g} s ({int(r.budget)})" if r.reached else f"never ({r.plateau_error:.2f})")
             for r in rule.itertuples()}})
         for r in rule.itertuples():
@@ -105,7 +119,7 @@ def main(h) -> None:
                 "run s at the largest budget": f"{g.loc[g['budget'] == ladder[-1], 'run_seconds'].mean():.3g}",
                 "curve": shape})
         h.table(f"{model}: time to reach the rule, every method on its default ladder (code at "
-                f"{measured_at(model)})", rows,
+                f"{measured_at(model)}, load average {load_during(model)})", rows,
                 note="Every method of the model in one process and one run, side by side, on the stored reference's "
                      "data (the box was loaded by other tenants: compare the methods with each other, not with other "
                      "runs). A ladder column ending below twice the demo setting was capped (BENCH_CA_SAMPLER_CAP) to "
@@ -146,6 +160,6 @@ def main(h) -> None:
     h.table("Seconds to meet the rule, every model's methods side by side", summary,
             note="Run seconds of the first budget (in brackets, in the method's unit) at which every seed meets the "
                  "method's rule; never: not within its ladder, with the worst mean error (reference sd) it ends at. "
-                 "Compare within a row (each model's methods ran in one process, one run); the box was loaded "
-                 "(load average 15-20: other engineers' test suites), so the seconds are upper bounds and only their "
-                 "ratios within a row mean something.")
+                 "Compare within a row (each model's methods ran in one process, one run, on the code and under the "
+                 "load its row states: the 2-core box is shared with other engineers' test suites, so the seconds "
+                 "are upper bounds and only their ratios within a row mean something).")
