@@ -3,7 +3,7 @@
 Two trees: ``before`` = ``BENCH_COMPILE_BASE`` (default ``9b24468``, main before issue 18's first change),
 extracted into ``build/compile_base/``, and ``after`` = this working tree. For every registered model and every
 method the demo fits (``inference.methods_for``, this tree's registry), one fit with the demo options
-(``ModelSpec.demo_options``) on the model's default data, seed 0, in a fresh subprocess per side with an empty
+(``ZooSettings.demo_options``) on the model's default data, seed 0, in a fresh subprocess per side with an empty
 JAX compilation cache (``harness.run_child``), sides interleaved. Reported: the whole fit's compile seconds
 (``Stopwatch`` around ``inference.fit``: tracing, lowering and XLA compilation of the run and of the tree's
 log densities), the rest of its wall time, and the compile share; totals over the
@@ -46,7 +46,7 @@ from inference._methods import get_method
 model, method = sys.argv[1], sys.argv[2]
 spec = zoo.get(model)
 data = spec.default_data()[0]
-options = dict(spec.demo_options.get(method, {}))
+options = dict(spec.settings.demo_options.get(method, {}))
 cap = int(sys.argv[3])
 capped = bool(cap) and get_method(spec, method).kind == "sampler"
 if capped:
@@ -128,10 +128,11 @@ for model, method in pairs:
     spec = zoo.get(model)
     if size == "tiny":
         declared = get_method(spec, method).declared
-        options = {**{k: o.tiny for k, o in declared.items() if o.tiny is not None}, **spec.tiny_hyperparameters}
+        options = {**{k: o.tiny for k, o in declared.items() if o.tiny is not None},
+                   **spec.settings.tiny_hyperparameters}
         data = spec.tiny_data()[0]
     else:
-        data, options = spec.default_data()[0], dict(spec.demo_options.get(method, {}))
+        data, options = spec.default_data()[0], dict(spec.settings.demo_options.get(method, {}))
     options["progress"] = False
     release_compiled_programs()
     out = {"pair": f"{model}/{method}", "kind": get_method(spec, method).kind}
@@ -184,7 +185,8 @@ for model in zoo.list_models():
     spec = zoo.get(model)
     for method in inference.methods_for(model):
         declared = get_method(spec, method).declared
-        opts = {**{k: o.tiny for k, o in declared.items() if o.tiny is not None}, **spec.tiny_hyperparameters}
+        opts = {**{k: o.tiny for k, o in declared.items() if o.tiny is not None},
+                **spec.settings.tiny_hyperparameters}
         other = dict(opts)
         for name in BUDGETS:
             if name in declared:

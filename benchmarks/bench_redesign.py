@@ -40,7 +40,7 @@ import zoo, inference
 model, method = sys.argv[1], sys.argv[2]
 spec = zoo.get(model)
 data, _ = spec.default_data()
-options = dict(spec.demo_options.get(method, {}))
+options = dict(spec.settings.demo_options.get(method, {}))
 first = inference.fit(model, data, method, seed=0, **options)
 second = inference.fit(model, data, method, seed=0, **options)
 print(json.dumps({"compile": first.attrs["compile_seconds"], "first_run": first.attrs["run_seconds"],

@@ -24,7 +24,7 @@ import json, sys
 import numpy as np
 import zoo, inference
 spec = zoo.get(sys.argv[1])
-options = dict(spec.demo_options.get("svi", {}))
+options = dict(spec.settings.demo_options.get("svi", {}))
 data, other = spec.default_data()[0], spec.default_data(1)[0]
 same = all(np.shape(data[k]) == np.shape(other[k]) for k in data)
 runs = ((data, 0), (data, 1), (other if same else data, 2))

@@ -282,7 +282,7 @@ def run_simulations(name: str | zoo.ModelSpec, method: str, *, n_sims: int, seed
         raise ValueError(f"simulator: expected 'auto', 'model' or 'spec', got {simulator!r}")
     if thin is not None and (not isinstance(thin, int) or thin < 1):
         raise ValueError(f"thin: expected a positive integer or None (automatic), got {thin!r}")
-    sizes = dict(spec.demo_sizes if sizes is None else sizes)
+    sizes = dict(spec.settings.demo_sizes if sizes is None else sizes)
     _, _, hyper, _ = resolve(spec, method, {**options, "progress": False})  # a bad method or option fails now
     method_opts = {k: v for k, v in options.items() if k not in spec.hyperparameters}
     args = {"model": spec.name, "method": method, "seed": seed, "sizes": sizes, "hyper": hyper,
@@ -380,7 +380,7 @@ def sbc(name: str | zoo.ModelSpec, method: str, *, n_sims: int, seed: int, alpha
     n_sims:    number of simulated datasets (100-1000 typical; the ECDF band narrows as 1/sqrt(n_sims)).
     seed:      seeds every simulation and fit (simulation j uses seeds derived from (seed, j)).
     alpha:     family-wise level of the uniformity tests (Bonferroni over scalar quantities).
-    sizes:     simulator sizes (default: ``spec.demo_sizes``).
+    sizes:     simulator sizes (default: ``spec.settings.demo_sizes``).
     thin:      keep every ``thin``-th draw before ranking; default: automatic for samplers (total draws /
                smallest bulk ESS), none for variational methods (independent draws).
     simulator: "auto", "model" or "spec" (module docstring).

@@ -5,7 +5,7 @@ cases and, in the slow suite, the 19-of-20 goals.
 
 **False alarms.** For every registered model and every method of kind ``"sampler"`` (``nuts`` everywhere, the
 collapsed Gibbs kernels of hlcr -- each ``kernel`` of ``inference.hlcr.gibbs.KERNELS`` -- and of gp_alps),
-``N_RUNS`` = 20 independent runs at the demo's settings (``ModelSpec.demo_options``; seeds ``SEED_BASE + i``,
+``N_RUNS`` = 20 independent runs at the demo's settings (``ZooSettings.demo_options``; seeds ``SEED_BASE + i``,
 never the reference's 0-2) on the stored reference's data (``references.reference_data``), each judged
 against the stored reference by ``diagnostics.method_scores``: the count of PASS (goal >= 19 of 20).
 
@@ -103,7 +103,7 @@ def exact_cases(only: Sequence[str] | None = None) -> list[Case]:
             meth = get_method(spec, method)
             if meth.kind != "sampler":
                 continue
-            options = dict(spec.demo_options.get(method, {}))
+            options = dict(spec.settings.demo_options.get(method, {}))
             kernels = getattr(sys.modules[meth.run.__module__], "KERNELS", None) if "kernel" in meth.options else None
             if kernels:
                 for k in kernels:

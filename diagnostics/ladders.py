@@ -108,7 +108,7 @@ def _setting(spec: zoo.ModelSpec, method: str, option: str) -> int:
     from inference._methods import get_method
 
     meth = get_method(spec, method)
-    opts = {**meth.options, **spec.method_options.get(method, {}), **method_options(spec, method, {})}
+    opts = {**meth.options, **spec.settings.method_options.get(method, {}), **method_options(spec, method, {})}
     return int(opts[option])
 
 

@@ -102,7 +102,7 @@ def reference_samplers(spec: zoo.ModelSpec, settings: Mapping[str, Any], method:
     ``options`` over its declared ones (the others then only cross-check it). Every option is checked
     (``ValueError`` naming it), nothing runs."""
     hyper = {k: v for k, v in settings.items() if k in spec.hyperparameters}
-    declared = [(m, dict(o)) for m, o in (spec.reference_samplers or (("nuts", {}),))]
+    declared = [(m, dict(o)) for m, o in (spec.settings.reference_samplers or (("nuts", {}),))]
     if method is not None:
         check_reference_method(spec, method)
         mine = next((o for m, o in declared if m == method), {})

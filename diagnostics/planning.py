@@ -33,7 +33,7 @@ def method_options(spec: zoo.ModelSpec, method: str, hyper: Mapping[str, Any],
     """The options ``method`` is fitted with in a comparison: the spec's ``demo_options`` of the method without
     their hyperparameters, then ``hyper`` (the one set every method and the reference share), then
     ``options``."""
-    demo = {k: v for k, v in spec.demo_options.get(method, {}).items() if k not in spec.hyperparameters}
+    demo = {k: v for k, v in spec.settings.demo_options.get(method, {}).items() if k not in spec.hyperparameters}
     return {**demo, **dict(hyper), **dict(options or {})}
 
 

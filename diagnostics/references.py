@@ -278,13 +278,13 @@ def compact(tree: xr.DataTree) -> xr.DataTree:
 
 def reference_settings(name: str, **options: Any) -> dict[str, Any]:
     """The NUTS options and hyperparameters of a reference of ``name``: ``DEFAULT_NUTS`` < the NUTS options of
-    ``spec.reference_options`` < ``options``. Hyperparameters come from ``options`` only (unset ones are the
-    model's ``Hyper`` defaults, as for ``inference.fit``): those in ``spec.reference_options`` belong to the stored
-    reference of the model's own data, which ``make references`` passes explicitly (``ModelSpec.reference_sets``),
-    and never reach a reference made on other data. Raises ``ValueError`` for NUTS thinning (a reference is
-    thinned after the run, so that its divergences are counted on every iteration)."""
+    ``spec.settings.reference_options`` < ``options``. Hyperparameters come from ``options`` only (unset ones are
+    the model's ``Hyper`` defaults, as for ``inference.fit``): those in ``spec.settings.reference_options`` belong
+    to the stored reference of the model's own data, which ``make references`` passes explicitly
+    (``ModelSpec.reference_sets``), and never reach a reference made on other data. Raises ``ValueError`` for NUTS
+    thinning (a reference is thinned after the run, so that its divergences are counted on every iteration)."""
     spec = zoo.get(name)
-    nuts = {k: v for k, v in spec.reference_options.items() if k not in spec.hyperparameters}
+    nuts = {k: v for k, v in spec.settings.reference_options.items() if k not in spec.hyperparameters}
     opts = {**DEFAULT_NUTS, **nuts, **options}
     if opts.get("thinning", 1) != 1:
         raise ValueError(f"thinning: a reference runs unthinned and keeps {MAX_DRAWS} evenly spaced draws; got "
@@ -411,7 +411,7 @@ def _crosschecks(spec: zoo.ModelSpec, crosscheck: Any) -> list[tuple[str, dict]]
     """``crosscheck`` as a list of ``(method, options)``: True the spec's ``reference_crosscheck``; None/False
     none; one pair; or a sequence of pairs."""
     if crosscheck is True:
-        crosscheck = spec.reference_crosscheck
+        crosscheck = spec.settings.reference_crosscheck
     if not crosscheck:
         return []
     if isinstance(crosscheck[0], str):
@@ -427,7 +427,7 @@ def generate(name: str, data: Mapping[str, Any] | None = None, *, tag: str = "de
     stored tree. Raises ``UnhealthyReference`` (nothing stored; its ``tree`` is the last main run) when any check
     fails.
 
-    ``method``: the exact sampler that makes it (default NUTS; ``ModelSpec.reference_samplers``) and its second
+    ``method``: the exact sampler that makes it (default NUTS; ``ZooSettings.reference_samplers``) and its second
     seed. Options: its options and hyperparameters (``sampler_settings``). ``crosscheck``: True = the spec's
     ``reference_crosscheck``, None/False = none, ``(method, options)`` or a list of them: each is run once
     (seed + 2) and must agree with the reference where its own run is healthy (an unhealthy cross-check run is
@@ -672,10 +672,10 @@ def verify(tree: xr.DataTree, rtol: float = 1e-2) -> list[str]:
         problems.append(f"second seed: max |z| {second.get('max_abs_z')!r}, healthy "
                         f"{second.get('health', {}).get('reliable')!r}")
     spec = zoo.get(tree.attrs["model"])
-    if spec.reference_crosscheck is not None:
+    if spec.settings.reference_crosscheck is not None:
         cross = record.get("crosscheck") or {}
         if not cross.get("max_abs_z", np.inf) < Z_MAX or cross.get("health", {}).get("reliable") is not True:
-            problems.append(f"cross-check {spec.reference_crosscheck[0]}: max |z| {cross.get('max_abs_z')!r}, "
+            problems.append(f"cross-check {spec.settings.reference_crosscheck[0]}: max |z| {cross.get('max_abs_z')!r}, "
                             f"healthy {cross.get('health', {}).get('reliable')!r}")
     if not record.get("reliable") or record.get("failures"):
         problems.append(f"record says unreliable: {record.get('failures')}")

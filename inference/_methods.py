@@ -295,7 +295,7 @@ def resolve_options(spec: ModelSpec, method: Method, given: Mapping[str, Any]) -
     """Method defaults < the model's per-method overrides < ``given``; every value checked against
     ``OPTION_CONSTRAINTS`` (NumPy scalars become Python scalars), then by the method's ``check``."""
     allowed = method.declared
-    options = {**method.options, **spec.method_options.get(method.name, {})}
+    options = {**method.options, **spec.settings.method_options.get(method.name, {})}
     for k, v in given.items():
         if k not in allowed:
             raise ValueError(f"{k}: not an option of method {method.name!r} for {spec.name!r}; "

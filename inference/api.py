@@ -67,7 +67,7 @@ def resolve(model: str | zoo.ModelSpec, method: str, options: Mapping[str, Any]
 def defaults(spec: zoo.ModelSpec, method: Method) -> dict[str, Any]:
     """The default of every hyperparameter of ``spec`` and every option of ``method`` (the model's per-method
     overrides included): what ``inference.limits`` sets a value back to when it names the one to lower."""
-    return {**spec.default_hyper, **method.options, **spec.method_options.get(method.name, {})}
+    return {**spec.default_hyper, **method.options, **spec.settings.method_options.get(method.name, {})}
 
 
 def read_data(spec: zoo.ModelSpec, data: Any, columns: Mapping[str, Any] | None = None, dropna: bool = False

@@ -89,7 +89,7 @@ SPEC = zoo.register(zoo.ModelSpec(
     name="pq101", model=model, simulate=simulate, paper="(tutorial: correlated Gaussian regression)",
     data_fields=(zoo.DataField("X", ("n", 2)), zoo.DataField("y", ("n",))),
     hyperparameters={"s0": zoo.Hyper(S0), "sigma": zoo.Hyper(SIGMA)},
-    demo_sizes={"n": 40}), replace=True)
+    settings=zoo.ZooSettings(demo_sizes={"n": 40})), replace=True)
 
 
 @register_method("exact", kind="sampler", models=("pq101",), options={"num_samples": 2000, "num_chains": 2})

@@ -78,7 +78,7 @@ pd.set_option("display.precision", 3)
 
 # %%
 spec = zoo.get("ssgp_lmm")
-_, truth = zoo.ssgp.simulate_lmm(0, test_per_group=10, **spec.demo_sizes)   # truth and held-out points
+_, truth = zoo.ssgp.simulate_lmm(0, test_per_group=10, **spec.settings.demo_sizes)   # truth and held-out points
 data, _ = references.reference_data("ssgp_lmm")    # the training arrays exactly as stored with the reference
 test = truth["test"]
 fig, ax = plt.subplots(figsize=(7, 3.5))

@@ -62,8 +62,9 @@ NORMAL = zoo.ModelSpec(
     name="dq_normal", model=normal_model, simulate=normal_simulate, paper="(diagnostics test toy)",
     data_fields=(zoo.DataField("y", ("n",)),),
     hyperparameters={"mu0": zoo.Hyper(0.0, "any"), "tau0": zoo.Hyper(1.0), "sigma": zoo.Hyper(2.0)},
-    demo_sizes={"n": 4},
-    demo_options={"nuts": {"num_warmup": 300, "num_samples": 500}, "svi": {"num_steps": 1500}},
+    settings=zoo.ZooSettings(
+        demo_sizes={"n": 4},
+        demo_options={"nuts": {"num_warmup": 300, "num_samples": 500}, "svi": {"num_steps": 1500}}),
 )
 
 # ----------------------------------------------------------------------------- conjugate beta-binomial
@@ -86,7 +87,7 @@ BETA = zoo.ModelSpec(
     name="dq_beta", model=beta_model, simulate=beta_simulate, paper="(diagnostics test toy)",
     data_fields=(zoo.DataField("y", ("n",), kind="binary"),),
     hyperparameters={"a": zoo.Hyper(20.0), "b": zoo.Hyper(20.0)},
-    demo_sizes={"n": 10},
+    settings=zoo.ZooSettings(demo_sizes={"n": 10}),
 )
 
 # ----------------------------------------------------------------------------- correlated regression
@@ -120,9 +121,10 @@ LINREG = zoo.ModelSpec(
     name="dq_linreg", model=linreg_model, simulate=linreg_simulate, paper="(diagnostics test toy)",
     data_fields=(zoo.DataField("X", ("n", 2)), zoo.DataField("y", ("n",))),
     hyperparameters={"s0": zoo.Hyper(3.0), "sigma": zoo.Hyper(1.0)},
-    demo_sizes={"n": 40},
-    demo_options={"nuts": {"num_warmup": 300, "num_samples": 500}, "svi": {"num_steps": 1500},
-                  "exact": {"num_samples": 2000, "num_chains": 2}},
+    settings=zoo.ZooSettings(
+        demo_sizes={"n": 40},
+        demo_options={"nuts": {"num_warmup": 300, "num_samples": 500}, "svi": {"num_steps": 1500},
+                      "exact": {"num_samples": 2000, "num_chains": 2}}),
 )
 
 # ----------------------------------------------------------------------------- the hand-made methods

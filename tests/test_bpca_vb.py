@@ -279,13 +279,13 @@ def sequential_reference(proto, shards, key, rounds):
     ({"tau": -2.0}, "tau"),
 ])
 def test_badmm_bad_input_raises_before_compiling(options, match):
-    data, _ = simulate(0, **bpca.SPEC.demo_sizes)
+    data, _ = simulate(0, **bpca.SPEC.settings.demo_sizes)
     with pytest.raises(ValueError, match=match):
         inference.fit("bpca", data, "badmm", seed=0, **{"M": 2, **options})
 
 
 def test_missing_node_assignment_is_reported_and_node_ids_are_labels():
-    data, _ = simulate(0, **bpca.SPEC.demo_sizes)
+    data, _ = simulate(0, **bpca.SPEC.settings.demo_sizes)
     with pytest.raises(ValueError, match=r"data\['node'\]"):
         inference.fit("bpca", {"Y": data["Y"]}, "dppca", seed=0, M=2)
     # node ids are labels (issue 20): a gap in the ids (no node 1) is 3 nodes numbered in sorted order, the same

@@ -1,7 +1,7 @@
 """The contract every registered (model, method) pair keeps, checked on tiny data.
 
 For each pair: ``inference.fit`` on the model's tiny dataset (``ModelSpec.tiny_data``, hyperparameters
-``tiny_hyperparameters``) with every option at its declared ``Option.tiny`` value returns a DataTree with
+``ZooSettings.tiny_hyperparameters``) with every option at its declared ``Option.tiny`` value returns a DataTree with
 the groups every tree has, finite draws of every latent site with leading (chain, draw) axes, log densities
 whose sum equals NumPyro's own ``log_density`` of the model at the draws (the oracle: NumPyro's
 ``numpyro.infer.util.log_density``, not our per-site evaluation), and identical draws for the same seed. The
@@ -30,7 +30,7 @@ N_CHECKED_DRAWS = 3
 def tiny_options(model: str, method: str) -> dict:
     spec = zoo.get(model)
     declared = get_method(spec, method).declared
-    return {**{k: o.tiny for k, o in declared.items() if o.tiny is not None}, **spec.tiny_hyperparameters}
+    return {**{k: o.tiny for k, o in declared.items() if o.tiny is not None}, **spec.settings.tiny_hyperparameters}
 
 
 # XLA programs (compiled, or loaded from the persistent compilation cache) of each pair's first fit on tiny data,

@@ -60,7 +60,7 @@ def test_stored_reference_passes_the_standard_recomputed_from_its_draws(path: Pa
     assert record["max_rhat"] < 1.01 and min(record["min_ess_bulk"], record["min_ess_tail"]) >= 400
     assert record["min_ebfmi"] > 0.3
     assert record["second_seed"]["max_abs_z"] < Z_MAX and record["second_seed"]["health"]["reliable"]
-    if zoo.get(tree.attrs["model"]).reference_crosscheck is not None:
+    if zoo.get(tree.attrs["model"]).settings.reference_crosscheck is not None:
         assert record["crosscheck"]["max_abs_z"] < Z_MAX and record["crosscheck"]["health"]["reliable"]
 
 

@@ -186,7 +186,8 @@ def test_zoo_compare_and_demo_write_parsable_reports(tmp_path):
     nuts = {"nuts": {"num_warmup": 300, "num_samples": 1000, "num_chains": 4}}
     methods = {"dq_linreg": ["nuts", "meanfield", "exact_q"], "dq_normal": ["nuts", "shifted"]}
     for spec in (LINREG, NORMAL):
-        zoo.register(dataclasses.replace(spec, demo_options=nuts), replace=True)
+        zoo.register(dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, demo_options=nuts)),
+                     replace=True)
     try:
         index_path = run_demo(tmp_path, ["dq_linreg", "dq_normal"], methods=methods, progress=False)
         assert index_path == tmp_path / "index.html"

@@ -533,20 +533,22 @@ def _legitimate_settings(real: bool):
 
     for name in ALL_MODELS:
         spec = zoo.get(name)
-        sets = spec.reference_sets() if real else {"default": (spec.default_data()[0], dict(spec.reference_options))}
+        settings = spec.settings
+        sets = spec.reference_sets() if real else {"default": (spec.default_data()[0],
+                                                               dict(settings.reference_options))}
         for tag, (data, options) in sets.items():
             if real != tag.startswith("real_"):
                 continue
             hyper = {k: v for k, v in options.items() if k in spec.hyperparameters}
             yield name, data, "nuts", options
-            for method, extra in [*spec.reference_samplers, *filter(None, [spec.reference_crosscheck])]:
+            for method, extra in [*settings.reference_samplers, *filter(None, [settings.reference_crosscheck])]:
                 if method != "nuts":
                     yield name, data, method, {**hyper, **extra}
         demo = [(*r.load(), r.demo_options) for r in spec.real_datasets.values() if r.in_demo] if real else \
             [(spec.default_data()[0], {}, {})]
         for data, hyper, more in demo:
             for method in inference.methods_for(name):
-                yield name, data, method, {**hyper, **spec.demo_options.get(method, {}), **more.get(method, {})}
+                yield name, data, method, {**hyper, **settings.demo_options.get(method, {}), **more.get(method, {})}
 
 
 @pytest.mark.parametrize("real", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["simulated", "real"])

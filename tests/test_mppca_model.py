@@ -80,7 +80,7 @@ def test_ppca_svi_from_uniform_init_stays_near_the_stored_nuts_reference():
     spec = zoo.get("ppca")
     data, _ = references.reference_data("ppca")  # the stored arrays: a re-simulation differs by CPU (np.linalg.qr)
     ref = references.load("ppca", data)
-    opts = dict(spec.demo_options["svi"], num_steps=1500, num_samples=200)
+    opts = dict(spec.settings.demo_options["svi"], num_steps=1500, num_samples=200)
     tree = inference.fit("ppca", data, "svi", seed=0, **opts)
     tau, tau_ref = tree["posterior"]["tau"].values, ref["posterior"]["tau"].values
     assert abs(tau.mean() - tau_ref.mean()) < 3 * tau_ref.std()

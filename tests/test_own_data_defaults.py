@@ -91,7 +91,7 @@ def test_compare_on_a_new_table_plans_every_method_and_the_reference_with_the_de
         assert prepared.context.hyper == fit_defaults(spec, frame, columns, method) == declared_defaults(spec), method
     # the reference: NUTS with the defaults too, its NUTS options still the stored references' standard
     assert resolve(spec, "nuts", plan.settings)[2] == declared_defaults(spec)
-    standard = {k: v for k, v in {**references.DEFAULT_NUTS, **spec.reference_options}.items()
+    standard = {k: v for k, v in {**references.DEFAULT_NUTS, **spec.settings.reference_options}.items()
                 if k not in spec.hyperparameters}
     assert {k: plan.settings[k] for k in standard} == standard
 
@@ -129,7 +129,7 @@ def test_a_stored_reference_serves_a_users_comparison_only_with_its_own_hyperpar
     plan = plan_comparison(spec, data, ["em"], progress=False)                     # nothing set: the defaults
     assert plan.prepared["em"].context.hyper == declared_defaults(spec)
     assert stored_reference(spec, plan.data, plan.settings) is None                # q = 2, a_tau = 1e-3: not these
-    own = {k: v for k, v in spec.reference_options.items() if k in spec.hyperparameters}
+    own = {k: v for k, v in spec.settings.reference_options.items() if k in spec.hyperparameters}
     plan = plan_comparison(spec, data, ["em"], hyper=own, progress=False)
     assert stored_reference(spec, plan.data, plan.settings)[1] == tag
 

@@ -503,7 +503,7 @@ STEP_CASES = [(m, meth, k) for m, meth in METHODS for k in ("max_iter", "num_ste
 
 def _default(model, method, name):
     spec = zoo.get(model)
-    return {**get_method(spec, method).options, **spec.method_options.get(method, {})}[name]
+    return {**get_method(spec, method).options, **spec.settings.method_options.get(method, {})}[name]
 
 
 def _estimate(model, method, data, **options):

@@ -279,7 +279,7 @@ def test_real_sections_give_each_kernel_the_hyperparameters_of_the_real_referenc
     from diagnostics.realdata import real_methods, real_sections
 
     spec = zoo.get("mppca")
-    assert spec.demo_options["vbem"]["tau_fixed"] == 1.0                 # the simulated demo's
+    assert spec.settings.demo_options["vbem"]["tau_fixed"] == 1.0                 # the simulated demo's
     assert real_methods(spec) == ["vbem", "em", "vbgmm"]
     (iris,) = real_sections(spec, log=lambda line: None)                  # digits is not in the demo
     assert iris.tag == "real_iris" and iris.hyper["tau_fixed"] is None    # the real reference's

@@ -93,7 +93,8 @@ def toy_with(monkeypatch):
     monkeypatch.setattr(references, "fit", counting)
 
     def register(samplers):
-        zoo.register(dataclasses.replace(SPEC, reference_samplers=tuple(samplers)), replace=True)
+        settings = dataclasses.replace(SPEC.settings, reference_samplers=tuple(samplers))
+        zoo.register(dataclasses.replace(SPEC, settings=settings), replace=True)
         return calls
 
     yield register

@@ -209,7 +209,7 @@ def lmm_test_set():
     """S-LMM plus 100 held-out points (10 per known group); the training data are the default data (the
     simulator draws the test inputs after the training set, so the default VB fit is reused)."""
     spec = zoo.get("ssgp_lmm")
-    data, truth = zoo.ssgp.simulate_lmm(0, test_per_group=10, **spec.demo_sizes)
+    data, truth = zoo.ssgp.simulate_lmm(0, test_per_group=10, **spec.settings.demo_sizes)
     d0, _ = spec.default_data()
     for k in ("X", "y", "group"):
         np.testing.assert_array_equal(data[k], d0[k])

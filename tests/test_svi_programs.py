@@ -114,8 +114,8 @@ def test_a_second_fit_with_another_seed_data_and_num_steps_compiles_nothing_and_
 
 @pytest.mark.parametrize("model,data,options", [
     ("svi_centred", lambda: simulate(8)[0], {}),
-    ("mppca", lambda: zoo.get("mppca").simulate(0, **zoo.get("mppca").tiny_sizes)[0],
-     dict(zoo.get("mppca").tiny_hyperparameters)),
+    ("mppca", lambda: zoo.get("mppca").simulate(0, **zoo.get("mppca").settings.tiny_sizes)[0],
+     dict(zoo.get("mppca").settings.tiny_hyperparameters)),
 ])
 def test_an_svi_fit_driven_to_non_finite_values_is_a_non_finite_error_with_advice(model, data, options):
     """Adam with learning_rate 1e200 throws the guide's unconstrained parameters to ~1e200 after one step; from

@@ -50,7 +50,7 @@ SPEC = zoo.ModelSpec(
                      "k0": zoo.Hyper(1.0, "positive", "prior precision scale of mu"),
                      "a0": zoo.Hyper(2.0, "positive", "Gamma shape of lam"),
                      "b0": zoo.Hyper(2.0, "positive", "Gamma rate of lam")},
-    tiny_sizes={"n": 20}, demo_sizes={"n": 50})
+    settings=zoo.ZooSettings(tiny_sizes={"n": 20}, demo_sizes={"n": 50}))
 
 # ---- the kernel (recipe step 2: inference/<paper>/<algorithm>.py) --------------------------------------
 

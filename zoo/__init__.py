@@ -35,7 +35,7 @@ __version__ = _version()
 
 _EXPORTS = {
     "DataField": "zoo._registry", "Hyper": "zoo._registry", "ModelSpec": "zoo._registry",
-    "Reformulation": "zoo._registry", "RealDataset": "zoo._registry",
+    "Reformulation": "zoo._registry", "RealDataset": "zoo._registry", "ZooSettings": "zoo._registry",
     "get": "zoo._registry", "list_models": "zoo._registry", "register": "zoo._registry",
     "unregister": "zoo._registry", "validate_data": "zoo._validation", "validate_hyper": "zoo._validation",
     "set_device": "zoo._runtime", "current_device": "zoo._runtime",

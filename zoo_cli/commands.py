@@ -217,7 +217,7 @@ def show(model: Annotated[str, typer.Argument(help="Model name (see `zoo list`).
                "derived from the data as its meaning says, the same way in every command):")
     for k, h in spec.hyperparameters.items():
         typer.echo(f"  {k:10s} default {h.default!r:10s} {h.constraint:12s} {h.doc}")
-    own = {k: v for k, v in spec.reference_options.items()
+    own = {k: v for k, v in spec.settings.reference_options.items()
            if k in spec.hyperparameters and v != spec.hyperparameters[k].default}
     if own:
         typer.echo(f"  (zoo compare {spec.name} without --data and zoo demo fit the stored reference's data with its "
@@ -225,7 +225,7 @@ def show(model: Annotated[str, typer.Argument(help="Model name (see `zoo list`).
     typer.echo("\nmethods and their options (default, constraint, meaning):")
     for m in methods_for(spec):
         meth = get_method(spec, m)
-        overrides = spec.method_options.get(m, {})
+        overrides = spec.settings.method_options.get(m, {})
         typer.echo(f"  {m} ({meth.kind})")
         for k, o in meth.declared.items():
             allowed = f"one of {list(o.choices)}" if o.choices else o.constraint
