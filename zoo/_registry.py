@@ -158,7 +158,7 @@ class ZooSettings:
     reference_samplers:
         the exact samplers that may make the reference on a user's data, best first, as ``(method, options)``
         (options over the method's defaults; ``("nuts", {})`` takes ``reference_options``): the comparison
-        (``diagnostics.comparison``) uses the first that meets the health rule and cross-checks it against the
+        (``diagnostics.own_references``) uses the first that meets the health rule and cross-checks it against the
         others where they are healthy. Empty: NUTS alone (on ``nuts_reformulation``). A collapsed Gibbs kernel
         comes first where NUTS cannot move between discrete clusterings or switches (hlcr, gp_alps).
     """
