@@ -38,7 +38,7 @@ on long after the change per step is below ``tol``. For a linear rate rho the di
 1 - rho. bpca's per-entry mean-field q(W) is such a case: its ELBO depends on the rotation of the latent space only
 through the diagonal variances of q(W), so coordinate ascent turns the latent basis within the (already fixed)
 subspace at a rate rho close to 1. The model then declares, per method, the budget by which the error has settled
-(``ModelSpec.ladder_top``), and the ladder runs there (``default_budgets``).
+(``ZooSettings.ladder_top``), and the ladder runs there (``default_budgets``).
 
 ``time_to_rule(frame)``: per method, the first budget at which every seed meets the method's rule (verdict PASS)
 and its seconds, or "not within the ladder" with the error it plateaus at: a variational method stays biased,
@@ -115,7 +115,7 @@ def _setting(spec: zoo.ModelSpec, method: str, option: str) -> int:
 def default_budgets(spec: zoo.ModelSpec | str, method: str) -> list[int]:
     """The default ladder of ``method``: ``LADDER_SIZE`` budgets geometric over ``SAMPLER_SPAN`` (samplers) or
     ``OPTIMISER_SPAN`` (the others) times the comparison's own setting, rounded, distinct, increasing. An
-    optimiser whose model declares a larger ``ladder_top`` (``ModelSpec``) runs from the same first rung up to it,
+    optimiser whose model declares a larger ``ladder_top`` (``ZooSettings``) runs from the same first rung up to it,
     with as many more rungs as keep them no further apart than the default's."""
     from inference._methods import get_method
 
@@ -127,9 +127,9 @@ def default_budgets(spec: zoo.ModelSpec | str, method: str) -> list[int]:
     low = max(d * lo, MIN_DRAWS if sampler else 2)
     high = max(d * hi, low * 2)
     size = LADDER_SIZE
-    top = 0 if sampler else int(spec.ladder_top.get(method, 0))
+    top = 0 if sampler else int(spec.settings.ladder_top.get(method, 0))
     if top > high:
-        # the model declares where the method's error settles (``ModelSpec.ladder_top``): the ladder runs there,
+        # the model declares where the method's error settles (``ZooSettings.ladder_top``): the ladder runs there,
         # its rungs no further apart than the default ladder's
         size = LADDER_SIZE + int(np.ceil((LADDER_SIZE - 1) * np.log(top / high) / np.log(hi / lo) - 1e-9))
         high = top

@@ -308,7 +308,7 @@ def test_the_index_page_says_which_models_have_ladders_and_which_were_left_out(t
 
 
 def test_a_declared_ladder_top_extends_an_optimiser_ladder_with_rungs_no_further_apart():
-    """``ModelSpec.ladder_top`` (bpca's optimisers: their error settles long after the comparison's fit stops):
+    """``ZooSettings.ladder_top`` (bpca's optimisers: their error settles long after the comparison's fit stops):
     the ladder keeps the first rung it has without it, ends at the declared budget, and its rungs are no further
     apart than the default ladder's (a factor 512^(1/5) over its 5 gaps); other methods keep their default."""
     import dataclasses
@@ -316,8 +316,8 @@ def test_a_declared_ladder_top_extends_an_optimiser_ladder_with_rungs_no_further
     import zoo
 
     spec = zoo.get("bpca")
-    plain = dataclasses.replace(spec, ladder_top={})
-    for method, top in spec.ladder_top.items():
+    plain = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, ladder_top={}))
+    for method, top in spec.settings.ladder_top.items():
         ladder, default = default_budgets(spec, method), default_budgets(plain, method)
         assert len(default) == 6 and ladder[0] == default[0] and ladder[-1] == top > default[-1]
         assert max(b / a for a, b in zip(ladder[:-1], ladder[1:], strict=True)) <= 512 ** 0.2 * 1.02, ladder

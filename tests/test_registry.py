@@ -19,7 +19,7 @@ from test_contract import check_contract
 import zoo
 
 # What ``ModelSpec`` used to carry beside the model (issue 30): the zoo's settings, now ``ZooSettings``'s fields.
-SETTINGS_FIELDS = {"method_options", "tiny_sizes", "tiny_hyperparameters", "demo_sizes", "demo_options",
+SETTINGS_FIELDS = {"method_options", "tiny_sizes", "tiny_hyperparameters", "demo_sizes", "demo_options", "ladder_top",
                    "reference_options", "reference_datasets", "reference_crosscheck", "reference_samplers"}
 
 
