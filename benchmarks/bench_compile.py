@@ -334,8 +334,9 @@ def _options(spec, method: str, size: str) -> dict:
 
     if size == "tiny":
         declared = get_method(spec, method).declared
-        return {**{k: o.tiny for k, o in declared.items() if o.tiny is not None}, **spec.tiny_hyperparameters}
-    return dict(spec.demo_options.get(method, {}))
+        return {**{k: o.tiny for k, o in declared.items() if o.tiny is not None},
+                **spec.settings.tiny_hyperparameters}
+    return dict(spec.settings.demo_options.get(method, {}))
 
 
 def child_fit(log: ProgramLog, model: str, method: str, data_path: str, size: str) -> dict:
