@@ -256,7 +256,7 @@ class ModelSpec:
     hyper_presets: Mapping[str, Mapping[str, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
     nuts_reformulation: Reformulation | None = None
     real_datasets: Mapping[str, RealDataset] = dataclasses.field(default_factory=dict)
-    settings: ZooSettings = ZooSettings()
+    settings: ZooSettings = dataclasses.field(default_factory=ZooSettings)
 
     def __post_init__(self):
         if not isinstance(self.settings, ZooSettings):
