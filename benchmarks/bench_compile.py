@@ -24,7 +24,8 @@ per finished child, so an interrupted run resumes where it stopped; ``--jobs 2``
   another fresh process (``child_floor``);
 * ``python -m benchmarks.bench_compile nuts``: our NUTS fit beside NumPyro's own ``MCMC.run`` on the same model,
   data and settings, one fresh process per side (``child_nuts``);
-* ``python -m benchmarks.bench_compile report --write``: their tables into results.md, section ``compile_cold``.
+* ``python -m benchmarks.bench_compile report --write``: their tables into results.md, sections ``compile_cold``
+  and ``compile_nuts``.
 """
 
 from __future__ import annotations
@@ -800,22 +801,27 @@ def cli(argv: list[str]) -> int:
 
 
 def report(paths: dict[str, Path], only: list[str], cap: int, write: bool = True) -> None:
-    """The two tables from the JSON lines there are, printed and (``write``) written to results.md (section
-    ``compile_cold``), the machine described as the harness does."""
+    """The two tables from the JSON lines there are, printed and (``write``) written to results.md, sections
+    ``compile_cold`` (cold-demo) and ``compile_nuts`` (nuts; a mode without results leaves its section as it is),
+    the machine described as the harness does."""
     from benchmarks.harness import Harness
 
     h = Harness()
-    h.start("compile_cold")
     cold, nuts = _read_jsonl(paths["cold-demo"]), _read_jsonl(paths["nuts"])
-    flags = sorted({r.get("xla_flags", "") for r in (*cold.values(), *nuts.values()) if "error" not in r})
-    said = f" XLA_FLAGS of the child processes: {', '.join(f'`{f}`' for f in flags)}." if flags else ""
+
+    def said(rows: dict) -> str:
+        flags = sorted({r.get("xla_flags", "") for r in rows.values() if "error" not in r})
+        return f" XLA_FLAGS of the child processes: {', '.join(f'`{f}`' for f in flags)}." if flags else ""
+
     if cold:
+        h.start("compile_cold")
         h.table("Cold demo fits of every hand-written kernel and SVI: programs, compile seconds, HLO ops, and "
-                "the floor", cold_demo_rows(cold, _pairs(only, ("kernel", "svi"))), note=COLD_NOTE + said)
+                "the floor", cold_demo_rows(cold, _pairs(only, ("kernel", "svi"))), note=COLD_NOTE + said(cold))
     if nuts:
+        h.start("compile_nuts")
         h.table(f"NUTS beside NumPyro's own MCMC.run: compile seconds, same model, data and settings "
                 f"(iterations capped at {cap})", nuts_rows(nuts, [m for m, _ in _pairs(only, ("nuts",))]),
-                note=NUTS_NOTE + said)
+                note=NUTS_NOTE + said(nuts))
     if write and (cold or nuts):
         h.write()
 

@@ -51,9 +51,9 @@ HEADLINES = (
              r"joint W1", r"assignment", r"speed vs"),
     Headline("Compile seconds of the demo fits, after / before issue 18 (total)", "compile",
              r"Compile seconds per", r"total", r"compile after/before"),
-    Headline("NUTS compile seconds: ours (the whole fit) / NumPyro's MCMC.run, hlcr", "compile_cold",
+    Headline("NUTS compile seconds: ours (the whole fit) / NumPyro's MCMC.run, hlcr", "compile_nuts",
              r"NUTS beside NumPyro", r"hlcr", r"ours fit / NumPyro"),
-    Headline("NUTS compile seconds: ours (the whole fit) / NumPyro's MCMC.run, ppca", "compile_cold",
+    Headline("NUTS compile seconds: ours (the whole fit) / NumPyro's MCMC.run, ppca", "compile_nuts",
              r"NUTS beside NumPyro", r"ppca", r"ours fit / NumPyro"),
 )
 
