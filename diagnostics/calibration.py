@@ -67,15 +67,28 @@ def default_directory() -> Path:
 class SBCResult:
     """What ``sbc``/``vsbc`` return.
 
-    kind:      "sbc" or "vsbc".
-    tree:      DataTree with ``prior_sbc`` (SBC: randomised normalised ranks in (0, 1); VSBC: p_j =
-               Pr_q(theta < theta~)), dims (chain=1, draw=simulation, ...), and ``sbc_ranks`` (raw counts).
-    table:     one row per scalar quantity: ``parameter``, ``n_sims``, ``p_value``, ``flagged`` and
-               ``pit_mean``/``pit_sd`` (calibrated: 0.5 / 0.289), ``reading`` in words.
-    passed:    no quantity flagged.
-    alpha:     family-wise level (Bonferroni over the table's rows).
-    n_failed:  simulations whose fit failed (non-finite draws); excluded, and reported.
-    directory: where the per-simulation files are.
+    Attributes
+    ----------
+    kind:
+        ``"sbc"`` or ``"vsbc"``.
+    model:
+        the registered model whose fits were checked.
+    method:
+        the method whose calibration was checked.
+    tree:
+        DataTree with ``prior_sbc`` (SBC: randomised normalised ranks in (0, 1); VSBC: ``p_j =
+        Pr_q(theta < theta~)``), dims (chain=1, draw=simulation, ...), and ``sbc_ranks`` (raw counts).
+    table:
+        one row per scalar quantity: ``parameter``, ``n_sims``, ``p_value``, ``flagged`` and
+        ``pit_mean``/``pit_sd`` (calibrated: 0.5 / 0.289), ``reading`` in words.
+    passed:
+        no quantity flagged.
+    alpha:
+        family-wise level (Bonferroni over the table's rows).
+    n_failed:
+        simulations whose fit failed (non-finite draws); excluded, and reported.
+    directory:
+        where the per-simulation files are.
     """
 
     kind: str
@@ -377,17 +390,27 @@ def sbc(name: str | zoo.ModelSpec, method: str, *, n_sims: int, seed: int, alpha
 
     Parameters
     ----------
-    n_sims:    number of simulated datasets (100-1000 typical; the ECDF band narrows as 1/sqrt(n_sims)).
-    seed:      seeds every simulation and fit (simulation j uses seeds derived from (seed, j)).
-    alpha:     family-wise level of the uniformity tests (Bonferroni over scalar quantities).
-    sizes:     simulator sizes (default: ``spec.settings.demo_sizes``).
-    thin:      keep every ``thin``-th draw before ranking; default: automatic for samplers (total draws /
-               smallest bulk ESS), none for variational methods (independent draws).
-    simulator: "auto", "model" or "spec" (module docstring).
-    var_names: restrict to these latent quantities.
-    directory: where per-simulation files go (default: a cache directory named by the arguments).
-    progress:  progress bar (default: when stderr is a terminal).
-    options:   the method's options and the model's hyperparameters (as for ``inference.fit``).
+    n_sims:
+        number of simulated datasets (100-1000 typical; the ECDF band narrows as 1/sqrt(n_sims)).
+    seed:
+        seeds every simulation and fit (simulation j uses seeds derived from (seed, j)).
+    alpha:
+        family-wise level of the uniformity tests (Bonferroni over scalar quantities).
+    sizes:
+        simulator sizes (default: ``spec.settings.demo_sizes``).
+    thin:
+        keep every ``thin``-th draw before ranking; default: automatic for samplers (total draws /
+        smallest bulk ESS), none for variational methods (independent draws).
+    simulator:
+        "auto", "model" or "spec" (module docstring).
+    var_names:
+        restrict to these latent quantities.
+    directory:
+        where per-simulation files go (default: a cache directory named by the arguments).
+    progress:
+        progress bar (default: when stderr is a terminal).
+    options:
+        the method's options and the model's hyperparameters (as for ``inference.fit``).
     """
     directory, records = run_simulations(name, method, n_sims=n_sims, seed=seed, sizes=sizes, thin=thin,
                                          simulator=simulator, var_names=var_names, directory=directory,

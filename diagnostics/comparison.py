@@ -264,31 +264,42 @@ def compare(model: zoo.ModelSpec | str, data: Any, methods: Sequence[str] | None
     ``out/<model>/report.html`` with a verdict per method (NOT JUDGED, with the samplers tried and what to try,
     when no exact sampler makes a healthy reference; a sampler that has not mixed is NOT CONVERGED either way).
 
+    Every argument, method and option is checked before anything runs (``ValueError`` naming it).
+
     Parameters
     ----------
-    model, data:   a model name and a pandas DataFrame (read with ``columns``/``dropna``, as ``inference.fit``)
-                   or a dict of arrays.
-    methods:       default: every method of the model.
-    hyper:         hyperparameters, the same for the reference and every method; unset ones are the model's
-                   defaults (``zoo show MODEL``), as for ``inference.fit``.
-    options:       per-method options (no hyperparameters) over the model's ``demo_options``:
-                   ``{"gibbs": {"num_samples": 4000}}``.
-    reference:     options of the reference sampler: NUTS options over ``references.reference_settings`` (4
-                   chains, ...), or with ``reference_method`` that method's options over its declared ones; given,
-                   a reference is made with exactly these (no stored reference serves).
-    reference_method: an exact sampler of the model (kind "sampler") that alone makes the reference, instead of
-                   the model's ``reference_samplers`` in order (the others still cross-check it).
-    reference_budget: seconds each reference sampler's runs may take while a run short of the health rule only
-                   for want of draws is run longer (``references.generate``); None: judged once at its length.
-    crosscheck:    True: the other reference samplers cross-check the reference where healthy; None: none.
-    cache_dir:     where references are cached (``default_cache_dir()``); ``fresh_reference`` remakes it,
-                   ``fresh`` refits the methods.
-    ladder:        also run every method on its ladder of budgets against the reference
-                   (``diagnostics.cost_accuracy``): ``cost_accuracy.csv`` and the page's section "Accuracy against
-                   compute".
-    progress:      progress bars of the fits; None (default): only when stderr is a terminal.
-
-    Every argument, method and option is checked before anything runs (``ValueError`` naming it).
+    model, data:
+        a model name and a pandas DataFrame (read with ``columns``/``dropna``, as ``inference.fit``)
+        or a dict of arrays.
+    methods:
+        default: every method of the model.
+    hyper:
+        hyperparameters, the same for the reference and every method; unset ones are the model's
+        defaults (``zoo show MODEL``), as for ``inference.fit``.
+    options:
+        per-method options (no hyperparameters) over the model's ``demo_options``:
+        ``{"gibbs": {"num_samples": 4000}}``.
+    reference:
+        options of the reference sampler: NUTS options over ``references.reference_settings`` (4
+        chains, ...), or with ``reference_method`` that method's options over its declared ones; given,
+        a reference is made with exactly these (no stored reference serves).
+    reference_method:
+        an exact sampler of the model (kind "sampler") that alone makes the reference, instead of
+        the model's ``reference_samplers`` in order (the others still cross-check it).
+    reference_budget:
+        seconds each reference sampler's runs may take while a run short of the health rule only
+        for want of draws is run longer (``references.generate``); None: judged once at its length.
+    crosscheck:
+        True: the other reference samplers cross-check the reference where healthy; None: none.
+    cache_dir:
+        where references are cached (``default_cache_dir()``); ``fresh_reference`` remakes it,
+        ``fresh`` refits the methods.
+    ladder:
+        also run every method on its ladder of budgets against the reference
+        (``diagnostics.cost_accuracy``): ``cost_accuracy.csv`` and the page's section "Accuracy against
+        compute".
+    progress:
+        progress bars of the fits; None (default): only when stderr is a terminal.
     """
     if reference_budget is not None and (isinstance(reference_budget, bool) or
                                          not isinstance(reference_budget, int | float) or not reference_budget >= 0):

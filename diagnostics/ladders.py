@@ -267,25 +267,33 @@ def cost_accuracy(model: zoo.ModelSpec | str, data: Any = None, methods: Sequenc
     reference, and return the tidy frame of the module docstring (``COLUMNS``, one row per (method, budget,
     seed); attrs: ``model``, ``reference_mc_error``).
 
-    Parameters
-    ----------
-    model:     a registered model name or ``ModelSpec``.
-    data:      the data to fit (a dict of arrays or a DataFrame read with ``columns``/``dropna``, as for
-               ``inference.fit``); None: the reference's own data (the stored reference's when ``reference`` is
-               None too, as ``zoo compare`` without --data).
-    methods:   default: every method of the model.
-    budgets:   None: each method's default ladder (``default_budgets``); a list of positive integers: the same
-               ladder for every method, in each method's own unit; a mapping method -> list (the others default).
-    reference: a healthy MCMC reference of ``data`` (a DataTree). None: the stored reference of these data, else
-               one ``diagnostics.compare`` made and cached on them; without either, a ``ValueError``.
-    seeds:     the seeds of every (method, budget); None: 0 and 1 for samplers, 0 for the others.
-    options:   per-method options over the comparison's (``diagnostics.planning.method_options``: the spec's
-               ``demo_options``), e.g. ``{"nuts": {"num_warmup": 200}}``; the budget option itself and ``tol``
-               are set by the ladder.
-
     Every method is fitted with the reference's hyperparameters. Every argument and every fit of the ladder is
     validated (``inference.prepare``) before the first one runs: a ``ValueError`` naming the argument, nothing
-    compiled. Each fit logs one line (``log``)."""
+    compiled. Each fit logs one line (``log``).
+
+    Parameters
+    ----------
+    model:
+        a registered model name or ``ModelSpec``.
+    data:
+        the data to fit (a dict of arrays or a DataFrame read with ``columns``/``dropna``, as for
+        ``inference.fit``); None: the reference's own data (the stored reference's when ``reference`` is
+        None too, as ``zoo compare`` without --data).
+    methods:
+        default: every method of the model.
+    budgets:
+        None: each method's default ladder (``default_budgets``); a list of positive integers: the same
+        ladder for every method, in each method's own unit; a mapping method -> list (the others default).
+    reference:
+        a healthy MCMC reference of ``data`` (a DataTree). None: the stored reference of these data, else
+        one ``diagnostics.compare`` made and cached on them; without either, a ``ValueError``.
+    seeds:
+        the seeds of every (method, budget); None: 0 and 1 for samplers, 0 for the others.
+    options:
+        per-method options over the comparison's (``diagnostics.planning.method_options``: the spec's
+        ``demo_options``), e.g. ``{"nuts": {"num_warmup": 200}}``; the budget option itself and ``tol``
+        are set by the ladder.
+    """
     from inference._methods import get_method
     from inference._timing import Stopwatch
     from inference.trees import problem_of

@@ -111,21 +111,26 @@ def sensitivity(tree, *, var_names: Sequence[str] | None = None,
 
     Parameters
     ----------
-    tree:             a DataTree from ``inference.fit`` (needs ``log_prior`` and ``log_likelihood``), or its
-                      ``ComparedView`` (the summaries of a mixture are then not recomputed).
-    var_names:        posterior variables to analyse (default: all float variables).
-    prior_sites:      power-scale only these prior sites (selective power-scaling); default: all.
-    likelihood_sites: likewise for the likelihood.
-    alphas, threshold: as ``arviz_stats.psense_summary``.
+    tree:
+        a DataTree from ``inference.fit`` (needs ``log_prior`` and ``log_likelihood``), or its
+        ``ComparedView`` (the summaries of a mixture are then not recomputed).
+    var_names:
+        posterior variables to analyse (default: all float variables).
+    prior_sites:
+        power-scale only these prior sites (selective power-scaling); default: all.
+    likelihood_sites:
+        likewise for the likelihood.
+    alphas, threshold:
+        as ``arviz_stats.psense_summary``.
 
     Returns
     -------
-    DataFrame indexed by quantity (labelled as in the scorecard: ``g[3]``, ``b[0,1]``, the user's labels where the
-    tree has them, ``mu_sorted[0,Hwt]``) with
-    ArviZ's ``prior``, ``likelihood``, ``diagnosis`` plus
-    ``khat_prior``, ``khat_likelihood`` (Pareto k-hat of the power-scaling weights, the same for every
-    row), ``reliable`` (both k-hats <= 0.7) and ``flag`` (the reading in words).
-    ``df.attrs`` holds ``khat_prior``, ``khat_likelihood``, ``prior_sites``, ``likelihood_sites``.
+    pandas.DataFrame
+        indexed by quantity (labelled as in the scorecard: ``g[3]``, ``b[0,1]``, the user's labels where the
+        tree has them, ``mu_sorted[0,Hwt]``) with ArviZ's ``prior``, ``likelihood``, ``diagnosis`` plus
+        ``khat_prior``, ``khat_likelihood`` (Pareto k-hat of the power-scaling weights, the same for every
+        row), ``reliable`` (both k-hats <= 0.7) and ``flag`` (the reading in words). ``df.attrs`` holds
+        ``khat_prior``, ``khat_likelihood``, ``prior_sites``, ``likelihood_sites``.
     """
     import logging
 

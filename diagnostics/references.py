@@ -28,7 +28,7 @@ models whose spec names a second exact sampler (``reference_crosscheck``: the co
 hlcr and gp_alps, where NUTS faces label switching or near-discrete switches), agreement with a long run
 of it (seed + 2) by the same rule. The record (``attrs["validation"]``, JSON) holds the health numbers, the
 run settings, the seeds, the package versions, the NUTS reformulation used, the second run's and the
-cross-check's compared means, MCSEs and largest |z|, and the wall time of each run; also the
+cross-check's compared means, MCSEs and largest ``|z|``, and the wall time of each run; also the
 sampler that made it (``method``), every cross-check (``crosschecks``: whether its own run was healthy enough to
 be used, and whether it agrees) and the extension (``extension``: budget, runs, outcome); ``provenance(record)``
 says it in sentences.

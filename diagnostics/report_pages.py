@@ -372,22 +372,32 @@ def report(model: str | zoo.ModelSpec, trees: Mapping[str, xr.DataTree], out_dir
 
     Parameters
     ----------
-    model:        the model's name (or ModelSpec).
-    trees:        method label -> DataTree from ``inference.fit`` (or a stored reference).
-    out_dir:      directory for the page and its files (created).
-    reference:    which key of ``trees`` is the MCMC reference. Default: the first key starting with
-                  "reference" (``zoo compare`` names the stored one "reference (stored NUTS)"), else the
-                  NUTS tree; with neither, nothing is judged.
-    sbc_results:  ``diagnostics.sbc``/``vsbc`` results to include (ECDF plots and tables).
-    var_names:    restrict the comparison to these posterior variables.
-    sensitivity_of: the key whose fit gets the power-scaling check (default: the reference).
-    data_note:    a line on the data the trees were fitted on, shown under the title (e.g. a real dataset).
-    index_link:   the index page, relative to ``out_dir`` (``zoo compare`` and ``zoo demo``: ``../index.html``).
-                  None (default): the page links no index. Given, the page links it and (re)writes it
-                  (``report_index``) over every model page in its folder, so the link always resolves: after
-                  ``zoo compare`` of one model too, whose pages the index then lists.
-    ladder:       a ``diagnostics.cost_accuracy`` frame of the same model and data: adds the section "Accuracy
-                  against compute" (``cost_accuracy_section``) and writes it to ``cost_accuracy.csv``.
+    model:
+        the model's name (or ModelSpec).
+    trees:
+        method label -> DataTree from ``inference.fit`` (or a stored reference).
+    out_dir:
+        directory for the page and its files (created).
+    reference:
+        which key of ``trees`` is the MCMC reference. Default: the first key starting with
+        "reference" (``zoo compare`` names the stored one "reference (stored NUTS)"), else the
+        NUTS tree; with neither, nothing is judged.
+    sbc_results:
+        ``diagnostics.sbc``/``vsbc`` results to include (ECDF plots and tables).
+    var_names:
+        restrict the comparison to these posterior variables.
+    sensitivity_of:
+        the key whose fit gets the power-scaling check (default: the reference).
+    data_note:
+        a line on the data the trees were fitted on, shown under the title (e.g. a real dataset).
+    index_link:
+        the index page, relative to ``out_dir`` (``zoo compare`` and ``zoo demo``: ``../index.html``).
+        None (default): the page links no index. Given, the page links it and (re)writes it
+        (``report_index``) over every model page in its folder, so the link always resolves: after
+        ``zoo compare`` of one model too, whose pages the index then lists.
+    ladder:
+        a ``diagnostics.cost_accuracy`` frame of the same model and data: adds the section "Accuracy
+        against compute" (``cost_accuracy_section``) and writes it to ``cost_accuracy.csv``.
     """
     spec = zoo.get(model)
     if not trees:

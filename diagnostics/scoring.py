@@ -259,7 +259,7 @@ def _judge(df: pd.DataFrame, kind: str) -> float:
 def scorecard(reference: xr.DataTree | ComparedView, candidates: Mapping | xr.DataTree | ComparedView, *,
               var_names: Sequence[str] | None = None, warn: bool = True) -> pd.DataFrame:
     """One row per (method, compared scalar of the reference) with the columns of ``COLUMNS`` (module
-    docstring). ``reference`` and ``candidates`` are DataTrees or ``ComparedView``s (a report passes views,
+    docstring). ``reference`` and ``candidates`` are DataTrees or ``ComparedView`` objects (a report passes views,
     computed once). ``df.attrs``: ``reference_health`` (``mcmc_health``), ``missing`` ({method: reference
     labels absent from it}), ``z_critical`` ({method: z_crit}, samplers), ``n_compared`` ({method: number of
     reference labels}), ``fixed_in_reference`` (labels the reference holds constant; compared by value).

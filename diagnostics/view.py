@@ -54,7 +54,7 @@ STAT_COLUMNS = ("mean", "sd", "ess_bulk", "ess_tail", "ess_mean", "rhat", "mcse_
 def carry_user_labels(tree: xr.DataTree, donors) -> xr.DataTree:
     """``tree`` with the labels that a donor (another fit of the same model, e.g. from a labelled table) has on a
     posterior dim where ``tree`` has only positions (a reference made on the bare arrays), so that the same
-    quantity has one name in every tree of a comparison. ``donors``: DataTrees or ``ComparedView``s; ``tree``
+    quantity has one name in every tree of a comparison. ``donors``: DataTrees or ``ComparedView`` objects; ``tree``
     itself is not changed (a copy is returned when anything is carried)."""
     if not isinstance(tree, xr.DataTree) or "posterior" not in tree.children:
         return tree
@@ -194,7 +194,7 @@ class ComparedView:
 
     def floor(self, label: str) -> float:
         """The absolute tolerance below which a difference of this quantity is never a failure: the bounded
-        floor if declared, else float noise (``NUMERIC_FLOOR`` x max(1, |mean|))."""
+        floor if declared, else float noise (``NUMERIC_FLOOR x max(1, |mean|)``)."""
         numeric = NUMERIC_FLOOR * max(1.0, abs(float(self.stats.at[label, "mean"])))
         return max(self.floors.get(label, 0.0), numeric)
 

@@ -69,13 +69,17 @@ suppress_warnings = ["mystnb.unknown_mime_type", "ref.python"]
 
 autosummary_generate = True
 autosummary_imported_members = True
-autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": False}
+# a flag given here is on whatever its value ("undoc-members": False turns it on): only what is wanted is named.
+# Undocumented members stay out: a dataclass's fields are documented by its docstring's Attributes section, which
+# napoleon makes into the class's attribute entries (a bare entry of autodoc's would repeat each one).
+autodoc_default_options = {"members": True}
 autodoc_typehints = "none"
 autodoc_mock_imports: list[str] = []
 napoleon_numpy_docstring = True
 napoleon_google_docstring = False
 napoleon_use_param = False
 napoleon_use_rtype = False
+napoleon_attr_annotations = False  # no type hints on the site (autodoc_typehints): each entry says what it holds
 
 html_theme = "pydata_sphinx_theme"
 html_title = "bayes-zoo"
@@ -236,17 +240,81 @@ def _api() -> None:
         (DOCS / "api" / f"{module.__name__}.md").write_text("\n".join(body) + "\n")
 
 
+class _AnyOption(dict):
+    """The options of a directive the reST check takes as given: every option, its value unchanged."""
+
+    def __missing__(self, name):
+        from docutils.parsers.rst import directives
+
+        return directives.unchanged
+
+    def __bool__(self):  # docutils reads a directive's options only when its option_spec is truthy
+        return True
+
+
+def _as_given(content_is_rst: bool):
+    """The directive the reST check reads a Sphinx directive as. A Sphinx directive runs only inside the build (it
+    reads the build environment, which a bare docutils parse does not have): its arguments and options are taken as
+    given, its content is checked as reST where it is reST (an object's description: napoleon's ``.. attribute::``
+    for each entry of an Attributes section) and taken as given otherwise (``.. math::``)."""
+    from docutils import nodes
+    from docutils.parsers.rst import Directive
+
+    class AsGiven(Directive):
+        has_content = True
+        optional_arguments = 100
+        final_argument_whitespace = True
+        option_spec = _AnyOption()
+
+        def run(self):
+            node = nodes.container()
+            if content_is_rst:
+                self.state.nested_parse(self.content, self.content_offset, node)
+            return [node]
+
+    return AsGiven
+
+
+def _role_as_given(name, rawtext, text, lineno, inliner, options=None, content=None):
+    from docutils import nodes
+
+    return [nodes.literal(rawtext, text)], []
+
+
 def _valid_rst(lines: list[str]) -> bool:
+    """Whether ``lines`` (a docstring as napoleon hands it on) are reST without a warning, judged by docutils; the
+    directives and roles that Sphinx adds (its domains': ``.. attribute::``, ``:class:``) are read as given (see
+    ``_as_given``), for they run only inside the build."""
     import io
 
     from docutils.core import publish_doctree
+    from docutils.parsers.rst import directives, roles
+    from sphinx.directives import ObjectDescription
+
+    def sphinx_added(element) -> bool:
+        return not getattr(element, "__module__", "docutils").startswith("docutils")
+
+    lookup_directive, lookup_role = directives.directive, roles.role  # Sphinx's while it reads a page
+
+    def directive(name, language, document):
+        found, messages = lookup_directive(name, language, document)
+        if found is not None and sphinx_added(found):
+            found = _as_given(isinstance(found, type) and issubclass(found, ObjectDescription))
+        return found, messages
+
+    def role(name, language, lineno, reporter):
+        found, messages = lookup_role(name, language, lineno, reporter)
+        if found is not None and sphinx_added(found):
+            found = _role_as_given
+        return found, messages
 
     stream = io.StringIO()
+    directives.directive, roles.role = directive, role
     try:
         publish_doctree("\n".join(lines), settings_overrides={"report_level": 2, "halt_level": 5,
                                                                 "warning_stream": stream})
-    except Exception:
-        return False
+    finally:
+        directives.directive, roles.role = lookup_directive, lookup_role
     return not stream.getvalue()
 
 
@@ -256,8 +324,14 @@ _RST_SPECIAL = re.compile(r"([\\`*|_\[\]<>:])")
 def _docstring_as_text_when_not_rst(app, what, name, obj, options, lines):
     """Docstrings are written as plain text with reST markup where it helps; one that is not valid reST (a ``|x|``
     read as a substitution, a list indented as reST does not expect) is shown as written: its first paragraph
-    (the summary) with the markup characters escaped, the rest as a literal block."""
-    if not lines or _valid_rst(lines):
+    (the summary; its markup characters escaped unless it is valid reST on its own) and the rest as a literal
+    block. The check reads what napoleon made of the docstring (its numpydoc sections as reST); a check that fails
+    (rather than finding the docstring invalid) stops the build, naming the docstring."""
+    try:
+        valid = not lines or _valid_rst(lines)
+    except Exception as error:  # never show a docstring as text because the check itself broke
+        raise RuntimeError(f"docs/conf.py could not check the docstring of {what} {name} as reST: {error!r}") from error
+    if valid:
         return
     text = list(lines)
     try:
@@ -265,10 +339,12 @@ def _docstring_as_text_when_not_rst(app, what, name, obj, options, lines):
     except ValueError:
         cut = len(text)
     summary = " ".join(line.strip() for line in text[:cut])
+    if not _valid_rst([summary]):
+        summary = _RST_SPECIAL.sub(r"\\\1", summary)
     rest = [line for line in text[cut:]]
     while rest and not rest[0].strip():
         rest.pop(0)
-    lines[:] = [_RST_SPECIAL.sub(r"\\\1", summary), ""]
+    lines[:] = [summary, ""]
     if rest:
         lines += ["::", ""] + ["   " + line for line in rest] + [""]
 

@@ -106,20 +106,31 @@ GENERIC_PACKAGES: frozenset[str] = frozenset({"distributed"})
 class Draws:
     """What a method hands back to ``fit``, which turns it into the DataTree.
 
-    posterior:     site -> array with leading (chain, draw) axes. Must contain every latent sample
-                   site of the NumPyro model (log densities are evaluated at these values); may hold
-                   more (discrete labels, derived quantities).
-    sample_stats:  per-draw statistics, leading (chain, draw) axes (divergences, log_q, log joint).
-    traces:        per-iteration traces (ELBO/bound, residuals): arrays with leading axis
-                   ``iteration`` (or (chain, iteration)); stored in ``sample_stats`` under dim
-                   ``iteration``.
-    dims, coords:  names of the non-sample axes of variables above, and their labels.
-    attrs:         extra attributes for the tree (JSON-serialisable).
-    groups:        extra groups, name -> xarray.Dataset (e.g. a method's point estimates).
-    objective:     the kernel's objective (``Info.objective``: bound, ELBO, log likelihood) after its last
-                   step, for optimisation kernels; stored as the tree's ``objective`` attribute.
-    converged:     whether the stopping rule fired before ``max_iter`` (attribute ``converged``).
-    n_iter:        steps run (attribute ``n_iter``).
+    Attributes
+    ----------
+    posterior:
+        site -> array with leading (chain, draw) axes. Must contain every latent sample site of the NumPyro
+        model (log densities are evaluated at these values); may hold more (discrete labels, derived quantities).
+    sample_stats:
+        per-draw statistics, leading (chain, draw) axes (divergences, log_q, log joint).
+    traces:
+        per-iteration traces (ELBO/bound, residuals): arrays with leading axis ``iteration`` (or
+        (chain, iteration)); stored in ``sample_stats`` under dim ``iteration``.
+    dims:
+        names of the non-sample axes of the variables above.
+    coords:
+        the labels of those axes.
+    attrs:
+        extra attributes for the tree (JSON-serialisable).
+    groups:
+        extra groups, name -> xarray.Dataset (e.g. a method's point estimates).
+    objective:
+        the kernel's objective (``Info.objective``: bound, ELBO, log likelihood) after its last step, for
+        optimisation kernels; stored as the tree's ``objective`` attribute.
+    converged:
+        whether the stopping rule fired before ``max_iter`` (attribute ``converged``).
+    n_iter:
+        steps run (attribute ``n_iter``).
     """
 
     posterior: dict[str, Any]

@@ -143,45 +143,56 @@ def fit(model: str | zoo.ModelSpec, data: Any, method: str, *, seed: int, column
 
     Parameters
     ----------
-    model:   a registered name (``zoo.list_models()``) or a ``zoo.ModelSpec``.
-    data:    a pandas DataFrame, or a dict of arrays following the model's data contract
-             (``zoo.get(model).data_fields``; ``zoo show MODEL`` prints both).
-    method:  ``"nuts"``, ``"svi"`` or one of the model's hand-written kernels (``inference.methods_for(model)``).
-    seed:    integer seed; the same seed and options give identical draws.
-    columns: for a DataFrame, field -> column name(s), e.g. ``{"X": ["price", "promo"], "y": "sales",
-             "agent": "store", "entity": "product"}``; fields not named take the column of their own name, and
-             the model's one remaining matrix field (``X`` or ``Y``) every other column (``zoo._frames``).
-             Index fields (agent, entity, group, node) take any labels; the labels, the row index and the
-             matrix field's column names become the tree's coordinates (hlcr's ``agent`` dim indexed by
-             store, ``pair`` by ``"store:product"`` with ``pair_agent``/``pair_entity`` coordinates beside it;
-             ``tree.posterior.set_xindex(["pair_agent", "pair_entity"])`` selects by either).
-    dropna:  for a DataFrame: drop the rows with a missing value where the model allows none (default: such
-             rows are a ``ValueError`` naming the column and the number of rows). NaN where the model allows it
-             (bpca's ``Y``: a missing entry) is always kept.
-    device:  ``"cpu"`` or ``"gpu"``: the platform JAX computes on. JAX picks it once per process, at its first
-             computation, so it is a setting of the process: the first fit (or ``zoo.set_device``, or the
-             environment variable ``BAYES_ZOO_DEVICE``, or ``zoo --device``) selects it, later fits may only
-             name the same one. Default: ``$BAYES_ZOO_DEVICE``, else the process's platform (the CPU unless
-             ``JAX_PLATFORMS`` says otherwise). ``"gpu"`` where JAX finds no GPU is a ``ValueError`` naming
-             ``device``, with the platforms found and how to install CUDA JAX. The tree's ``device`` attr
-             names the device the fit ran on.
-    options: the model's hyperparameters (``spec.hyperparameters``) and the method's options.
-             Shared names: ``num_warmup``, ``num_samples``, ``num_chains`` (samplers; Gibbs counts
-             sweeps), ``max_iter``/``tol`` (VB/EM/ADMM loops), ``num_steps`` (SVI), ``num_samples``
-             (draws taken from a variational posterior), ``progress`` (progress bar; default: when
-             stderr is a terminal).
+    model:
+        a registered name (``zoo.list_models()``) or a ``zoo.ModelSpec``.
+    data:
+        a pandas DataFrame, or a dict of arrays following the model's data contract
+        (``zoo.get(model).data_fields``; ``zoo show MODEL`` prints both).
+    method:
+        ``"nuts"``, ``"svi"`` or one of the model's hand-written kernels (``inference.methods_for(model)``).
+    seed:
+        integer seed; the same seed and options give identical draws.
+    columns:
+        for a DataFrame, field -> column name(s), e.g. ``{"X": ["price", "promo"], "y": "sales",
+        "agent": "store", "entity": "product"}``; fields not named take the column of their own name, and
+        the model's one remaining matrix field (``X`` or ``Y``) every other column (``zoo._frames``).
+        Index fields (agent, entity, group, node) take any labels; the labels, the row index and the
+        matrix field's column names become the tree's coordinates (hlcr's ``agent`` dim indexed by
+        store, ``pair`` by ``"store:product"`` with ``pair_agent``/``pair_entity`` coordinates beside it;
+        ``tree.posterior.set_xindex(["pair_agent", "pair_entity"])`` selects by either).
+    dropna:
+        for a DataFrame: drop the rows with a missing value where the model allows none (default: such
+        rows are a ``ValueError`` naming the column and the number of rows). NaN where the model allows it
+        (bpca's ``Y``: a missing entry) is always kept.
+    device:
+        ``"cpu"`` or ``"gpu"``: the platform JAX computes on. JAX picks it once per process, at its first
+        computation, so it is a setting of the process: the first fit (or ``zoo.set_device``, or the
+        environment variable ``BAYES_ZOO_DEVICE``, or ``zoo --device``) selects it, later fits may only
+        name the same one. Default: ``$BAYES_ZOO_DEVICE``, else the process's platform (the CPU unless
+        ``JAX_PLATFORMS`` says otherwise). ``"gpu"`` where JAX finds no GPU is a ``ValueError`` naming
+        ``device``, with the platforms found and how to install CUDA JAX. The tree's ``device`` attr
+        names the device the fit ran on.
+    options:
+        the model's hyperparameters (``spec.hyperparameters``) and the method's options.
+        Shared names: ``num_warmup``, ``num_samples``, ``num_chains`` (samplers; Gibbs counts
+        sweeps), ``max_iter``/``tol`` (VB/EM/ADMM loops), ``num_steps`` (SVI), ``num_samples``
+        (draws taken from a variational posterior), ``progress`` (progress bar; default: when
+        stderr is a terminal).
 
     Returns
     -------
-    DataTree with groups ``posterior``, ``sample_stats``, ``log_likelihood``, ``log_prior``,
-    ``observed_data``, ``constant_data`` and attrs ``model``, ``method``, ``seed``, ``options``,
-    ``hyperparameters``, ``package_versions``, ``compile_seconds``, ``run_seconds``, ``device``.
+    xarray.DataTree
+        groups ``posterior``, ``sample_stats``, ``log_likelihood``, ``log_prior``, ``observed_data``,
+        ``constant_data`` and attrs ``model``, ``method``, ``seed``, ``options``, ``hyperparameters``,
+        ``package_versions``, ``compile_seconds``, ``run_seconds``, ``device``.
 
     Raises
     ------
-    ValueError: bad model/method/option/hyperparameter/data, before any compilation (``prepare``).
-    inference.NonFiniteError: the fit hit NaN/inf (draws, log densities, a kernel's floating-point
-        error or NumPyro rejecting a non-finite parameter), with the method, the variable and advice.
+    ValueError
+        bad model/method/option/hyperparameter/data, before any compilation (``prepare``).
+    inference.NonFiniteError
+        the fit hit NaN/inf (draws, log densities, a kernel's floating-point error or NumPyro rejecting a
+        non-finite parameter), with the method, the variable and advice.
     """
     return fit_prepared(prepare(model, data, method, seed=seed, columns=columns, dropna=dropna, device=device,
                                 **options))

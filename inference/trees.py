@@ -161,7 +161,7 @@ def log_densities(spec: ModelSpec, model_kwargs: Mapping[str, Any], posterior: M
                   batch_size: int = 64) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """``(log_prior, log_likelihood)`` at every draw of ``posterior`` (arrays with (chain, draw) axes).
 
-    ``log_prior[site]`` has shape (chain, draw); ``log_likelihood[site]`` (chain, draw, *site batch).
+    ``log_prior[site]`` has shape (chain, draw); ``log_likelihood[site]`` (chain, draw, then the site's batch axes).
     Draws are evaluated ``batch_size`` at a time (``vmap``), one call of one compiled program per batch, the last
     batch padded with copies of the last draw (cut on the host): memory stays bounded on big data, and the
     program does not depend on the number of draws (fits that differ in ``num_samples`` share it).

@@ -7,7 +7,9 @@ notebook rendered with its figures and shown in the gallery with a thumbnail."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import inspect
 import os
 import re
 import shutil
@@ -99,6 +101,86 @@ def test_the_api_reference_covers_every_public_name(site):
             assert f'href="generated/{target}.html' in listing, f"{target} is not listed"
             html = page(site, f"api/generated/{target}")
             assert f'id="{target}"' in html or f'id="module-{target}"' in html, f"{target} is not documented"
+
+
+def _article(html: str):
+    """The page's main text (the PyData theme's ``<article>``), parsed."""
+    from bs4 import BeautifulSoup
+
+    return BeautifulSoup(html, "html.parser").find("article")
+
+
+def test_api_pages_show_docstrings_rendered_not_as_raw_rest(site):
+    """No API page shows reST source: a docstring judged not reST by docs/conf.py is shown as its text (a literal
+    block, its summary escaped), which is how the numpydoc Attributes sections of ``ModelSpec`` and ``ZooSettings``
+    once came out: napoleon's ``.. attribute::`` entries printed in a grey block, the summary's double backticks
+    raw."""
+    pages = sorted((site / "api" / "generated").glob("*.html"))
+    assert len(pages) >= sum(len(m.__all__) for m in (zoo, inference, diagnostics))
+    for path in pages:
+        text = _article(path.read_text()).get_text()
+        assert "``" not in text, f"{path.name}: raw double backticks: {text[text.index('``') - 80:][:200]!r}"
+        directive = re.search(r"(?m)^\s*\.\. [\w:-]+::", text)
+        assert not directive, f"{path.name}: a reST directive shown as text: {directive.group()!r}"
+
+
+def _documented_attributes(cls) -> list[str]:
+    """The names an ``Attributes`` section of ``cls``'s docstring lists (numpydoc: ``name:`` at the section's
+    indentation, its description indented below)."""
+    doc = inspect.getdoc(cls) or ""
+    section = re.search(r"(?ms)^Attributes\n-+\n(.*?)(?:^\S[^\n]*\n-+\n|\Z)", doc)
+    if not section:
+        return []
+    return [n.strip() for line in section.group(1).splitlines() if re.match(r"\S", line)
+            for n in line.split(":")[0].split(",")]
+
+
+def test_class_attributes_sections_are_rendered_definitions_of_every_field(site):
+    """A public class whose docstring has a numpydoc ``Attributes`` section (``ModelSpec``, ``ZooSettings``,
+    ``Draws``, ``SBCResult``) lists each of its dataclass fields on its page as an attribute definition with an
+    anchor and a description, in the docstring's order (napoleon's entries, not autodoc's bare field entries)."""
+    classes = [(m, name) for m in (zoo, inference, diagnostics) for name in m.__all__
+               if inspect.isclass(getattr(m, name)) and _documented_attributes(getattr(m, name))]
+    names = {name for _, name in classes}
+    assert {"ModelSpec", "ZooSettings", "Draws", "SBCResult"} <= names, names
+    for module, name in classes:
+        cls = getattr(module, name)
+        target = f"{module.__name__}.{name}"
+        article = _article(page(site, f"api/generated/{target}"))
+        entries = article.select("dl.py.attribute > dt[id]")
+        shown = [dt["id"].removeprefix(f"{target}.") for dt in entries]
+        fields = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+        assert set(fields) <= set(shown), f"{target}: fields without an attribute entry: {set(fields) - set(shown)}"
+        assert shown == _documented_attributes(cls), f"{target}: {shown}"
+        for dt in entries:
+            description = dt.find_next_sibling("dd").get_text(" ", strip=True)
+            assert len(description) > 10, f"{dt['id']}: no description"
+    spec = _article(page(site, "api/generated/zoo.ModelSpec"))
+    model = spec.select_one('dt[id="zoo.ModelSpec.model"]').find_next_sibling("dd")
+    assert model.select_one("code.literal").get_text() == "model(**spec.model_inputs(data, hyper))"
+
+
+def test_function_parameters_are_rendered_as_name_and_description(site):
+    """Each entry of a public function's Parameters section shows the function's own parameter names, then its
+    description (``name – text``, napoleon's reading of a numpydoc ``name:`` line with the description indented
+    below). Written ``name:   text`` on one line, napoleon once took the text for a type (in parentheses, in
+    italics), and a paragraph after the section for one more parameter."""
+    checked = 0
+    for module in (zoo, inference, diagnostics):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if not inspect.isfunction(obj) or not re.search(r"(?m)^Parameters\n-+$", inspect.getdoc(obj) or ""):
+                continue
+            parameters = set(inspect.signature(obj).parameters)
+            article = _article(page(site, f"api/generated/{module.__name__}.{name}"))
+            field = next(dt for dt in article.select("dl.field-list > dt") if dt.get_text(strip=True) == "Parameters:")
+            for item in field.find_next_sibling("dd").select("li"):
+                names = item.find("strong").get_text()
+                assert set(names.split(", ")) <= parameters, f"{module.__name__}.{name}: {names!r} is no parameter"
+                text = item.get_text(" ", strip=True)
+                assert text.startswith(f"{names} – "), f"{module.__name__}.{name}: {text[:150]!r}"
+                checked += 1
+    assert checked >= 40, checked
 
 
 def test_the_cli_reference_is_the_help_of_every_command(site):

@@ -129,16 +129,20 @@ class ZooSettings:
     method_options:
         per-method overrides of the generic option defaults (e.g. a higher NUTS target acceptance for this
         model): the zoo's tuning, applied by every ``inference.fit`` of the model (options given explicitly win).
-    tiny_sizes, tiny_hyperparameters:
-        simulator sizes and hyperparameters of a tiny dataset (a fit of a few seconds) on which the contract
-        test (``tests/test_contract.py``) runs every registered method of the model, with each method's
+    tiny_sizes:
+        simulator sizes of a tiny dataset (a fit of a few seconds) on which the contract test
+        (``tests/test_contract.py``) runs every registered method of the model, with each method's
         ``Option.tiny`` values.
-    demo_sizes, demo_options:
-        simulator sizes and per-method options used by ``zoo compare`` / ``zoo demo`` (small enough
-        for the demo's 10-minute budget on 2 cores, long enough that every exact sampler reaches its own
-        R-hat < 1.01 and bulk and tail ESS >= 400 on every compared quantity). Hyperparameters here are not
-        used by the comparisons (each fits every method with its reference's hyperparameters: the stored
-        reference's on its data, the model's defaults or the user's on other data).
+    tiny_hyperparameters:
+        the hyperparameters of that tiny dataset.
+    demo_sizes:
+        simulator sizes of the data ``zoo compare`` / ``zoo demo`` fit (small enough for the demo's 10-minute
+        budget on 2 cores).
+    demo_options:
+        per-method options used by ``zoo compare`` / ``zoo demo``: long enough runs that every exact sampler
+        reaches its own R-hat < 1.01 and bulk and tail ESS >= 400 on every compared quantity. Hyperparameters
+        here are not used by the comparisons (each fits every method with its reference's hyperparameters: the
+        stored reference's on its data, the model's defaults or the user's on other data).
     ladder_top:
         per optimiser (method -> budget in its own unit), the last rung of its default cost-accuracy ladder
         (``diagnostics.ladders.default_budgets``) where twice the comparison's setting ends before the
@@ -182,12 +186,18 @@ class ModelSpec:
 
     Attributes
     ----------
-    name, paper, description:
-        registry key, the paper it comes from (a citation line), and a one-paragraph summary.
+    name:
+        the registry key.
+    paper:
+        the paper the model comes from (a citation line).
+    description:
+        a one-paragraph summary.
     model:
         the NumPyro model. It is called as ``model(**spec.model_inputs(data, hyper))``; observed
         sites take their values from the data (``obs=y``); the sites named in ``likelihood_sites``
         make up the pointwise ``log_likelihood`` group, every other sample site the ``log_prior``.
+    likelihood_sites:
+        the observed sites whose pointwise log density makes up the ``log_likelihood`` group; default ``("y",)``.
     observed_fields:
         data fields stored in the ``observed_data`` group (the rest go to ``constant_data``);
         default: the data fields named like a likelihood site.
@@ -204,11 +214,13 @@ class ModelSpec:
         ``(data, hyper) -> kwargs`` for the model; default: data and hyperparameters merged.
     check:
         extra validation ``(data, hyper) -> None`` raising ``ValueError`` (e.g. index ranges).
-    dims, coords:
-        names of non-sample axes per site (``{"w": ["cluster", "feature"]}``) and
-        ``coords(data, hyper) -> {dim: labels}``; axes not named here get ``<site>_dim_<i>``, or the
-        name of the plate they belong to. A coordinate given as an ``xarray.Variable`` is a non-dimension
-        coordinate on the dims it names (hlcr's ``pair_agent`` and ``pair_entity`` on ``pair``).
+    dims:
+        names of non-sample axes per site (``{"w": ["cluster", "feature"]}``); axes not named here get
+        ``<site>_dim_<i>``, or the name of the plate they belong to.
+    coords:
+        ``coords(data, hyper) -> {dim: labels}``, the labels of the ``dims``. A coordinate given as an
+        ``xarray.Variable`` is a non-dimension coordinate on the dims it names (hlcr's ``pair_agent`` and
+        ``pair_entity`` on ``pair``).
     axis_dims:
         data-axis symbol -> the tree dimension that runs along it (``{"F": "feature"}``): the labels a table
         gives that axis (the column names of a two-axis field, the row index; ``zoo._frames``) become the
