@@ -250,6 +250,16 @@ def _one_restart_step(step: Kernel, rule: StopRule):
     return one
 
 
+def empty_buffer(shapes, rows: int):
+    """A zero buffer of ``rows`` rows of every leaf of ``shapes`` (per-step outputs, kept draws)."""
+    return jax.tree.map(lambda s: jnp.zeros((rows, *s.shape), s.dtype), shapes)
+
+
+def is_kept(t, num_warmup, thinning):
+    """Whether transition ``t`` (from 0) gives a kept draw: past the warm-up, every ``thinning``-th."""
+    return (t >= num_warmup) & ((t - num_warmup + 1) % thinning == 0)
+
+
 def _buffer_rows(shapes, leading: int = 1) -> int:
     """Rows of a per-step output buffer: ``ROWS``, fewer where a row of ``shapes`` would pass
     ``INFO_BUFFER_BYTES``."""
@@ -289,7 +299,7 @@ def _optimiser_program(init: Kernel | None, step: Kernel, kind: str, residual: b
             carry, keys = jax.tree.map(lambda a: a[0], (carry, keys))
         shapes = jax.eval_shape(every, carry, keys, problem)[1]
         rows = _buffer_rows(shapes)
-        buffer = jax.tree.map(lambda s: jnp.zeros((rows, *s.shape), s.dtype), shapes)
+        buffer = empty_buffer(shapes, rows)
 
         def go_on(loop):
             i, carry, _ = loop
@@ -393,7 +403,7 @@ def _sampler_program(init: Kernel | None, step: Kernel, collect: Callable, num_c
             state = jax.lax.cond(start, lambda: start_fn(key, problem), lambda: state)
         shapes = jax.eval_shape(one, state, problem, k_steps)[1]
         rows = _buffer_rows(shapes)
-        buffer = jax.tree.map(lambda s: jnp.zeros((rows, *s.shape), s.dtype), shapes)
+        buffer = empty_buffer(shapes, rows)
         end = jnp.minimum(total, t0 + limit)
 
         def go_on(loop):
@@ -404,7 +414,7 @@ def _sampler_program(init: Kernel | None, step: Kernel, collect: Callable, num_c
             t, j, state, buffer = loop
             state, out = one(state, problem, jax.random.fold_in(k_steps, t))
             buffer = jax.tree.map(lambda b, x: jax.lax.dynamic_update_index_in_dim(b, x, j, 0), buffer, out)
-            kept = (t >= num_warmup) & ((t - num_warmup + 1) % thinning == 0)
+            kept = is_kept(t, num_warmup, thinning)
             return t + 1, j + kept.astype(jnp.int32), state, buffer
 
         t, j, state, buffer = jax.lax.while_loop(go_on, body, (t0, jnp.asarray(0, jnp.int32), state, buffer))

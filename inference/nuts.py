@@ -159,7 +159,7 @@ def _sampling_program(model, static: tuple, settings: tuple) -> SamplingProgram:
         carry = jax.lax.cond(fresh, lambda: start(nuts, key, arrays), lambda: carry)
         shapes = jax.eval_shape(lambda s: collect(nuts, s, arrays), carry[0])
         rows = loop._buffer_rows(shapes, num_chains)
-        buffer = jax.tree.map(lambda s: jnp.zeros((rows, *s.shape), s.dtype), shapes)
+        buffer = loop.empty_buffer(shapes, rows)
         end = jnp.minimum(total, t0 + limit)
 
         def go_on(state):
@@ -169,7 +169,7 @@ def _sampling_program(model, static: tuple, settings: tuple) -> SamplingProgram:
         def body(state):
             t, j, (hmc, ok), buffer = state
             hmc = nuts.sample(hmc, (), arrays)
-            kept = (t >= num_warmup) & ((t - num_warmup + 1) % thinning == 0)
+            kept = loop.is_kept(t, num_warmup, thinning)
             # row j is written at every transition (in place: a buffer chosen by a cond would be copied) and
             # kept where j moves on; the draw is constrained only where kept
             draw = jax.lax.cond(kept, lambda: collect(nuts, hmc, arrays),
