@@ -51,7 +51,8 @@ def run_demo(out: Path, models: Sequence[str] | None = None, *, methods: Mapping
         sections = {spec.name: [(s.tag, real_methods(spec)) for s in real_sections(spec, log=lambda _: None)]
                     for spec in specs}
         jobs = pool.demo_jobs([(spec.name, chosen[spec.name], sections[spec.name]) for spec in specs])
-        log(f"{len(jobs)} fits and {len(specs)} models' pages in {workers} worker processes")
+        log(f"{len(jobs)} fits and {len(specs)} models' pages in {workers} worker processes "
+            f"({pool.worker_share(workers)})")
         fits = [pool.Call("fit", job.label, pool.fit_job, (job, str(out), seed, fresh)) for job in jobs]
         # the ladders (against the stored reference: they need no fit) start right after the demo's long poles,
         # being long themselves; a model's pages start once its fits (and its ladder) are done, after every fit

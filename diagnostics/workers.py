@@ -16,6 +16,14 @@ Why processes and not threads: a fit holds the GIL while JAX traces and compiles
 The workers are *spawned* (a forked JAX runtime is unsafe) and share the persistent compilation cache
 (``BAYES_ZOO_JAX_CACHE``, inherited from the environment) and the device choice (``JAX_PLATFORMS``).
 
+Each worker gets its share of the cores, not the whole machine (``worker_xla_flags``): a process alone asks XLA for
+2 host devices, so that NUTS runs its 2 chains in parallel, and XLA's CPU runtime spreads each program over every
+core. Two such workers on 2 cores would run 4 chains' threads on 2 cores, and the two binary ssgp NUTS fits side
+by side then took 6 times as long as one alone (benchmarks/results.md, compile_cold). So with ``workers`` at least
+the cores, a worker has one host device (its chains run one after the other, ``inference.nuts.chain_method``) and
+one thread; with fewer workers than cores, ``cores // workers`` devices (at least 1, at most the 2 a lone process
+has) and XLA's own threads.
+
 A worker sees only the models a fresh ``import zoo`` registers: a model registered at run time in the calling
 process cannot be fitted there, which is why ``diagnostics.demo.run_demo`` defaults to ``workers=1`` (in
 process) and the command line to one worker per core.
@@ -112,6 +120,37 @@ def demo_jobs(plan: Sequence[tuple[str, Sequence[str], Sequence[tuple[str, Seque
     return sorted(jobs, key=_rank)
 
 
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+SINGLE_THREAD_FLAG = "--xla_cpu_multi_thread_eigen=false"
+_LONE_PROCESS_DEVICES = 2                      # zoo._runtime's host devices for a process alone
+
+
+def worker_host_devices(workers: int, cores: int | None = None) -> int:
+    """The host CPU devices of each of ``workers`` processes on ``cores`` cores (default: this process's,
+    ``default_workers()``): ``cores // workers``, at least 1 and at most the 2 of a process alone."""
+    cores = default_workers() if cores is None else cores
+    return max(1, min(_LONE_PROCESS_DEVICES, cores // check_workers(workers)))
+
+
+def worker_xla_flags(flags: str, workers: int, cores: int | None = None) -> str:
+    """``XLA_FLAGS`` for each of ``workers`` worker processes on ``cores`` cores, from the calling process's
+    ``flags``: its host device count replaced by ``worker_host_devices``, and XLA's CPU runtime kept to one thread
+    (``SINGLE_THREAD_FLAG``) where there are at least as many workers as cores; every other flag kept as it is."""
+    cores = default_workers() if cores is None else cores
+    devices = worker_host_devices(workers, cores)
+    kept = [f for f in flags.split() if not f.startswith((DEVICE_COUNT_FLAG, "--xla_cpu_multi_thread_eigen"))]
+    extra = [SINGLE_THREAD_FLAG] if check_workers(workers) >= cores else []
+    return " ".join(kept + [f"{DEVICE_COUNT_FLAG}={devices}"] + extra)
+
+
+def worker_share(workers: int, cores: int | None = None) -> str:
+    """``worker_xla_flags``'s share in words, for the log: "each with 1 host device and 1 thread, on 2 cores"."""
+    cores = default_workers() if cores is None else cores
+    devices = worker_host_devices(workers, cores)
+    threads = " and 1 thread" if check_workers(workers) >= cores else ""
+    return f"each with {devices} host device{'s' if devices > 1 else ''}{threads}, on {cores} cores"
+
+
 # ------------------------------------------------------------------------------------------------
 # In the worker
 # ------------------------------------------------------------------------------------------------
@@ -127,6 +166,14 @@ def _start_worker(lines: multiprocessing.Queue) -> None:
 def _say(line: str) -> None:
     if _LINES is not None:
         _LINES.put(line)
+
+
+def worker_setup() -> tuple[dict[str, Any], int]:
+    """What this worker runs on: its JAX backend, its number of devices and its ``XLA_FLAGS``; and its pid."""
+    import jax
+
+    return {"backend": jax.default_backend(), "devices": jax.local_device_count(),
+            "xla_flags": os.environ.get("XLA_FLAGS", "")}, os.getpid()
 
 
 def fit_job(job: FitJob, out: str | os.PathLike, seed: int, fresh: bool, log: Log = _say) -> tuple[float, int]:
@@ -202,12 +249,16 @@ def _check_calls(calls: Sequence[Call]) -> None:
 
 class WorkerPool:
     """``workers`` spawned processes (``with WorkerPool(n, log) as pool``) that run module-level functions
-    (``pool.run``), each worker's log lines passed to ``log`` as they come."""
+    (``pool.run``), each worker's log lines passed to ``log`` as they come. Each worker starts with
+    ``worker_xla_flags`` (its share of the cores): the calling process's ``XLA_FLAGS`` are set to them while the
+    pool is open (the workers are spawned as calls need them) and restored when it closes."""
 
     def __init__(self, workers: int, log: Log = print):
         self.workers, self.log = check_workers(workers), log
 
     def __enter__(self) -> WorkerPool:
+        self._flags = os.environ.get("XLA_FLAGS")
+        os.environ["XLA_FLAGS"] = worker_xla_flags(self._flags or "", self.workers)
         context = multiprocessing.get_context("spawn")
         self._lines: multiprocessing.Queue = context.Queue()
         self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=context,
@@ -215,8 +266,14 @@ class WorkerPool:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self._drain()
+        try:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._drain()
+        finally:
+            if self._flags is None:
+                os.environ.pop("XLA_FLAGS", None)
+            else:
+                os.environ["XLA_FLAGS"] = self._flags
 
     def _drain(self) -> None:
         while True:

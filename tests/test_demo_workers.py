@@ -121,6 +121,32 @@ def test_cli_refuses_a_negative_worker_count():
     assert result.exit_code == 2 and "--workers" in result.output
 
 
+@pytest.mark.parametrize("workers,cores,devices,single_thread", [(2, 2, 1, True), (4, 2, 1, True), (1, 2, 2, False),
+                                                                  (2, 16, 2, False), (3, 4, 1, False)])
+def test_each_worker_gets_its_share_of_the_cores(workers, cores, devices, single_thread):
+    """Two workers on 2 cores: one host device and one thread each (not 2 devices with every core's threads, as a
+    process alone has); fewer workers than cores: cores // workers devices, at most 2, and XLA's own threads.
+    The caller's other flags are kept, its device count replaced, never doubled."""
+    flags = pool.worker_xla_flags("--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=2", workers, cores)
+    assert flags.split().count("--xla_dump_to=/tmp/x") == 1
+    assert [f for f in flags.split() if f.startswith(pool.DEVICE_COUNT_FLAG)] == \
+        [f"{pool.DEVICE_COUNT_FLAG}={devices}"]
+    assert (pool.SINGLE_THREAD_FLAG in flags.split()) is single_thread
+    assert pool.worker_host_devices(workers, cores) == devices
+
+
+def test_spawned_workers_start_with_their_share_and_the_caller_keeps_its_flags():
+    """2 spawned workers on this machine's cores: each sees ``worker_host_devices`` JAX devices and the flags
+    ``worker_xla_flags`` gives; the calling process's ``XLA_FLAGS`` are back as they were once the pool closes."""
+    before = os.environ.get("XLA_FLAGS")
+    with pool.WorkerPool(2, log=lambda _: None) as wp:
+        got = wp.run("setup", [("a", pool.worker_setup, ()), ("b", pool.worker_setup, ())])
+    assert os.environ.get("XLA_FLAGS") == before
+    for setup in got.values():
+        assert setup["devices"] == pool.worker_host_devices(2)
+        assert setup["xla_flags"] == pool.worker_xla_flags(before or "", 2)
+
+
 def _trees(out):
     return {p.relative_to(out).as_posix(): inference.load(p) for p in sorted(out.rglob("*.nc"))}
 
@@ -144,7 +170,8 @@ def test_parallel_demo_gives_the_trees_and_verdicts_of_the_in_process_demo(tmp_p
         verdicts = [json.loads((tmp_path / run / page / SUMMARY).read_text())["methods"] for run in ("par", "seq")]
         assert {m: v["verdict"] for m, v in verdicts[0].items()} == {m: v["verdict"] for m, v in verdicts[1].items()}
     text = "\n".join(lines)
-    assert "in 2 worker processes" in text and "[3/3 fit] ppca/" in text and "[1/1 pages of] ppca" in text
+    assert f"in 2 worker processes ({pool.worker_share(2)})" in text
+    assert "[3/3 fit] ppca/" in text and "[1/1 pages of] ppca" in text
     assert "reusing" not in text                     # the pages reused the workers' trees without saying so
     # ppca's ladders (a demo default) ran in a worker as a call of their own, and its page carries them
     assert "[1/1 ladder] ppca done in worker pid" in text

@@ -457,7 +457,8 @@ def demo(
     seed: Annotated[int, typer.Option(help="Random seed for every fit.")] = 0,
     fresh: Annotated[bool, typer.Option(help="Refit even when a matching result exists in --out.")] = False,
     workers: Annotated[int, typer.Option(help="Worker processes that run the fits side by side (they share the "
-                                              "compilation cache); 0: one per core.")] = 0,
+                                              "compilation cache, and each gets its share of the cores: with one "
+                                              "per core, one thread and one device each); 0: one per core.")] = 0,
     ladders: Annotated[str, typer.Option(
         help="Which models' pages also show accuracy against compute (every method on a ladder of budgets, as `zoo "
              "compare --ladder`): 'cheap' (the models whose ladders fit the demo's time budget; the index page "
