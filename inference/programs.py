@@ -16,11 +16,20 @@ every kernel factory (``kernel(cfg) -> (init, step, ...)``) is therefore decorat
 * ``builds()`` counts, per builder, how many times it ran (a miss, or a call that could not be cached), so a
   test can assert that a second fit builds nothing;
 * ``clear()`` drops every kept program (their compiled executables go with them once nothing else holds them).
+
+JAX compiles one program per input shapes, so every data set of another size is another program. A kernel whose
+run is a sum over rows (observations) takes its data padded to ``bucket(n)`` rows (``pad_rows``) with a 0/1 row
+mask, and weights every per-row term by it: data sets of similar size then share one program (the test suite's
+tiny data sets, the demo's simulated and real data where their other dimensions agree). What a user sees has the
+original sizes: the kernel cuts per-row outputs back to ``n``. ``bucketing(False)`` turns the padding off
+(``bucket(n) == n``), for tests that compare a padded run with the unpadded one.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import functools
 import threading
 import types
@@ -151,3 +160,45 @@ def registered() -> dict[str, Cached]:
     """Every registered builder by name (``module.qualname``)."""
     with _LOCK:
         return dict(_REGISTRY)
+
+
+BUCKET_MIN = 8
+_BUCKETING: contextvars.ContextVar[bool] = contextvars.ContextVar("bucketing", default=True)
+
+
+def bucket(n: int, minimum: int = BUCKET_MIN) -> int:
+    """The padded size of a data dimension of ``n`` rows: the next power of two, at least ``minimum`` (``n`` itself
+    inside ``bucketing(False)``). So a bucket wastes less than half its rows."""
+    n = int(n)
+    if not _BUCKETING.get():
+        return n
+    return max(int(minimum), 1 << max(n - 1, 0).bit_length())
+
+
+@contextlib.contextmanager
+def bucketing(enabled: bool):
+    """Within this block ``bucket`` pads (``True``, the default) or returns ``n`` unchanged (``False``)."""
+    token = _BUCKETING.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _BUCKETING.reset(token)
+
+
+def pad_rows(*arrays, size: int | None = None):
+    """``(padded arrays, mask)``: each array (NumPy, same leading length ``n``) padded along axis 0 to ``size``
+    rows (default ``bucket(n)``) by copies of its last row, so every per-row term a kernel computes on a padded row
+    stays finite, and ``mask`` (``size``,) float64: 1.0 on the ``n`` real rows, 0.0 on the padding. A kernel
+    multiplies every per-row term by the mask (a padded row then adds exactly zero) and cuts per-row outputs back
+    to ``n``."""
+    arrays = [np.asarray(a) for a in arrays]
+    n = arrays[0].shape[0]
+    if any(a.shape[0] != n for a in arrays):
+        raise ValueError(f"pad_rows: arrays of different lengths {[a.shape[0] for a in arrays]}")
+    size = bucket(n) if size is None else int(size)
+    if size < n or n == 0:
+        raise ValueError(f"pad_rows: cannot pad {n} rows to {size}")
+    padded = [np.concatenate([a, np.repeat(a[-1:], size - n, axis=0)]) if size > n else a for a in arrays]
+    mask = np.zeros(size)
+    mask[:n] = 1.0
+    return (*padded, mask)

@@ -31,7 +31,7 @@ import numpy as np
 from jax.scipy.special import digamma, gammaln
 
 from inference import host_draws as hd
-from inference import host_keys
+from inference import host_keys, programs
 
 LOG_2PI = float(np.log(2 * np.pi))
 
@@ -116,6 +116,16 @@ def shard_of(Y) -> Shard:
     Y = np.asarray(Y, float)
     O = ~np.isnan(Y)
     return Shard(np.where(O, Y, 0.0), O.astype(float), np.ones(Y.shape[0]))
+
+
+def padded_shard(shard: Shard, size: int | None = None) -> Shard:
+    """``shard`` with rows added up to ``size`` (default ``programs.bucket(n)``, so data sets of similar size share
+    the compiled programs): a padded row observes nothing (``O = 0``) and has ``row = 0``, so it adds nothing to a
+    sweep's statistics, to n_obs or to the ELBO."""
+    n = shard.X.shape[0]
+    size = programs.bucket(n) if size is None else size
+    extra = lambda a: np.concatenate([np.asarray(a, float), np.zeros((size - n, *np.shape(a)[1:]))])  # noqa: E731
+    return Shard(extra(shard.X), extra(shard.O), extra(shard.row))
 
 
 def init_globals(key: jax.Array, D: int, M: int) -> Globals:
@@ -242,11 +252,14 @@ def elbo(cfg: Cfg, st: VBState, shard: Shard, c=1.0, c_tau=None):
 
 def elbo_of(cfg: Cfg, q: Q, shard: Shard) -> float:
     """The centralised (c = 1) closed-form ELBO of a q on the whole data (one compiled call: operation by
-    operation, the ELBO ran some seventy programs)."""
+    operation, the ELBO ran some seventy programs), its rows padded to ``programs.bucket(n)``."""
     tau = q.tau if q.tau is not None else np.ones(2)
     alpha = q.alpha if q.alpha is not None else np.ones((2, cfg.M))
-    st = VBState(q.g, tau, alpha, q.mz, q.Sz, np.zeros(np.shape(q.mz)[0]), np.asarray(np.nan))
-    return float(_elbo_program(cfg, st, shard))
+    n, size = np.shape(q.mz)[0], programs.bucket(np.shape(q.mz)[0])   # padded rows: q(z_n) = N(0, I), no entry
+    mz = np.concatenate([np.asarray(q.mz, float), np.zeros((size - n, cfg.M))])
+    Sz = np.concatenate([np.asarray(q.Sz, float), np.tile(np.eye(cfg.M), (size - n, 1, 1))])
+    st = VBState(q.g, tau, alpha, mz, Sz, np.zeros(size), np.asarray(np.nan))
+    return float(_elbo_program(cfg, st, padded_shard(shard, size)))
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -37,11 +37,13 @@ NETWORK_OPTIONS = {
 
 
 def make_shards(Y, node, J: int) -> tuple[Shard, np.ndarray]:
-    """Stacked, padded shards (J, n_max, D) and the row index of every slot (J, n_max; -1 = padding)."""
+    """Stacked, padded shards (J, n_max, D) and the row index of every slot (J, n_max; -1 = padding). ``n_max`` is
+    ``programs.bucket`` of the largest shard, so data sets of similar size share the compiled rounds; a padded slot
+    observes nothing (``O = 0``, ``row = 0``): it adds nothing to a node's statistics, ELBO or log-likelihood."""
     Y = np.asarray(Y, float)
     node = np.asarray(node, np.int64)
     idx = [np.nonzero(node == j)[0] for j in range(J)]
-    n_max = max(len(i) for i in idx)
+    n_max = programs.bucket(max(len(i) for i in idx))
     D = Y.shape[1]
     X, O, row = np.zeros((J, n_max, D)), np.zeros((J, n_max, D)), np.zeros((J, n_max))
     index = np.full((J, n_max), -1, np.int64)

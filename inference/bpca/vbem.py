@@ -5,6 +5,10 @@ Kernel: ``State`` = ``VBState`` (q and the ELBO after the sweep), ``Info.objecti
 (``inference.bpca.common``; monotone, test 1), ``problem`` = the data ``Shard``; ``init``/``step`` are built once
 per static configuration ``Cfg`` (``kernel(cfg)``). The stopping rule: relative ELBO change <= ``tol``.
 Draws from q: ``inference.bpca.common.draw``.
+
+The rows are padded to ``programs.bucket(N)`` (``padded_shard``), so data sets of similar size share the compiled
+run: a padded row has no observed entry (``O = 0``) and ``row = 0``, so it adds nothing to the statistics of the
+sweep, to n_obs or to the ELBO; its q(z_n) stays N(0, I) and is cut off the result.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from inference.bpca.common import (
     init_globals,
     init_key,
     init_state,
+    padded_shard,
     q_groups,
     q_of,
     shard_of,
@@ -65,10 +70,13 @@ def kernel(cfg: Cfg) -> Kernel:
 
 def run(cfg: Cfg, shard: Shard, key: jax.Array, *, max_iter: int, tol: float, chunk: int | None = None,
         progress: bool | None = None) -> Run:
-    """Sweeps from ``init(key, shard)`` until the relative ELBO change is <= ``tol`` (0: never) or ``max_iter``."""
-    k = kernel(cfg)
-    return run_until_converged(k.init, k.step, shard, key, StopRule(max_iter, tol), chunk=chunk, progress=progress,
-                               desc="bpca vbem", start_from_key=True)
+    """Sweeps from ``init(key, shard)`` until the relative ELBO change is <= ``tol`` (0: never) or ``max_iter``,
+    on the rows padded to ``programs.bucket(n)``; the state returned has q(z_n) of the n real rows."""
+    k, n = kernel(cfg), shard.X.shape[0]
+    res = run_until_converged(k.init, k.step, padded_shard(shard), key, StopRule(max_iter, tol), chunk=chunk,
+                              progress=progress, desc="bpca vbem", start_from_key=True)
+    st = jax.device_get(res.state)     # on the host: cutting a device array compiles a program
+    return res._replace(state=st._replace(mz=st.mz[:n], Sz=st.Sz[:n], logdet=st.logdet[:n]))
 
 
 @register_method("vbem", kind="variational", models=("bpca",), options={

@@ -7,6 +7,9 @@ W_k <- S_k W_k (sig2 I + M_k^-1 W_k^T S_k W_k)^-1, M_k = sig2 I + W_k^T W_k (eq.
 sig2_k = (tr S_k - tr(S_k W_k M_k^-1 W_new^T)) / d; the noise variance tau^-1 is shared, sig2 = sum_k pi_k sig2_k,
 or 1/``tau_fixed``. ``Info.objective`` is the log-likelihood at the parameters *before* the step (so the trace is
 monotone). Starts from the VB-EM initialisation (k-means + per-cluster PCA, ``inference.mppca.vbem``).
+
+Rows are padded to ``programs.bucket(N)`` (``fit_em``) with a row mask ``w`` that multiplies the responsibilities
+and each row's log-likelihood: a padded row adds nothing to N_k, mu_k, S_k, pi or the objective.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from inference import host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.loop import Run, StopRule, run_until_converged
 from inference.mppca.common import LOG_2PI, Cfg, cfg_from, chol_inv_logdet, point_draws
-from inference.mppca.vbem import initial_state
+from inference.mppca.vbem import initial_state, row_mask
 
 
 class State(NamedTuple):
@@ -39,6 +42,7 @@ class Info(NamedTuple):
 
 class Problem(NamedTuple):
     Y: jax.Array        # (N, d)
+    w: jax.Array | None = None   # (N,) row mask: 1.0 real, 0.0 padding (None: every row is real)
 
 
 def mixture_logpdf(Y, pi, mu, W, sig2):
@@ -53,15 +57,18 @@ def mixture_logpdf(Y, pi, mu, W, sig2):
     return jnp.log(jnp.clip(pi, 1e-300))[None] - 0.5 * (maha + logdet[None] + d * LOG_2PI)
 
 
-def em_step(state: State, Y, tau_fixed) -> tuple[State, jax.Array]:
+def em_step(state: State, Y, tau_fixed, w=None) -> tuple[State, jax.Array]:
     """One Tipping-Bishop EM step (notes 3.2 with mu_k = sum r y / sum r, E2; eq. 22 with the inverse, E1);
-    shared noise variance sig2 = sum_k pi_k sig2_k, or 1/tau_fixed. Returns (state, log-likelihood before)."""
+    shared noise variance sig2 = sum_k pi_k sig2_k, or 1/tau_fixed. Returns (state, log-likelihood before).
+    ``w``: the row mask (padded rows weigh 0)."""
     pi, mu, W, sig2 = state
-    N, d = Y.shape
+    d = Y.shape[1]
+    w = row_mask(Y, w)
+    N = jnp.sum(w)
     q = W.shape[-1]
     lp = mixture_logpdf(Y, pi, mu, W, sig2)
-    ll = jnp.sum(logsumexp(lp, axis=1))
-    r = jax.nn.softmax(lp, axis=1)
+    ll = jnp.sum(w * logsumexp(lp, axis=1))
+    r = jax.nn.softmax(lp, axis=1) * w[:, None]
     Nk = r.sum(0)
     Nk_safe = jnp.maximum(Nk, 1e-10)
     mu_new = jnp.where(Nk[:, None] > 1e-10, (r.T @ Y) / Nk_safe[:, None], mu)
@@ -92,13 +99,13 @@ def kernel(cfg: Cfg) -> Kernel:
     tau_fixed = None if cfg.learn_tau else cfg.tau
 
     def init(key, problem: Problem) -> State:
-        st = initial_state(cfg, key, problem.Y)
+        st = initial_state(cfg, key, problem.Y, problem.w)
         n0 = st.r.sum(0)
         sig2 = st.e_tau / st.c_tau if cfg.learn_tau else jnp.asarray(1.0 / cfg.tau)
         return State(n0 / n0.sum(), st.m_mu, st.M, sig2)
 
     def step(key, state: State, problem: Problem):
-        state, ll = em_step(state, problem.Y, tau_fixed)
+        state, ll = em_step(state, problem.Y, tau_fixed, problem.w)
         return state, Info(ll)
 
     return Kernel(init, step)
@@ -110,7 +117,7 @@ def fit_em(Y, hyper, key, *, mixture=True, max_iter=1000, tol=1e-8, chunk=None, 
     log-likelihood trace)."""
     Y = np.asarray(Y, float)
     cfg = cfg_from(hyper, Y.shape[1], mixture)
-    kern, problem = kernel(cfg), Problem(Y)
+    kern, problem = kernel(cfg), Problem(*programs.pad_rows(Y))
     return cfg, run_until_converged(kern.init, kern.step, problem, key, StopRule(int(max_iter), float(tol)),
                                     chunk=chunk, progress=progress, desc="em", start_from_key=True)  # from init(key)
 

@@ -25,6 +25,11 @@ Spaces: ``log_q`` is the density of q(omega) q(nu) q(Lambda) q(mu) q(tau) at the
 its log density is evaluated on. The bound F is the ELBO on the augmented space (omega, nu, Lambda, mu, tau, z,
 x), E_q[log p(Y, x, z, theta) - log q(theta) - log q(z, x)]; the ELBO of q(theta) on the model's space is >= F.
 Every parameter of q is stored in group ``variational`` (tests/test_log_q.py rebuilds both from it).
+
+Rows are padded to ``programs.bucket(N)`` (``fit_vbem``), so data sets of similar size share the compiled run: the
+row mask ``w`` multiplies every responsibility (a padded row has r_n = 0, so it adds nothing to the statistics of
+eq. 54, to the Z part of F or to the k-means centres, and N counts the real rows only); the fitted state is cut
+back to the real rows.
 """
 
 from __future__ import annotations
@@ -62,10 +67,17 @@ from zoo.mppca import prior_means
 
 
 class Problem(NamedTuple):
-    """What a VB-EM run is given: the data and the prior means of the components."""
+    """What a VB-EM run is given: the data, the prior means of the components and the row mask (1.0 on a real
+    row, 0.0 on padding, ``programs.pad_rows``; None: every row is real)."""
 
     Y: jax.Array        # (N, d)
     mu0: jax.Array      # (K, d)
+    w: jax.Array | None = None   # (N,)
+
+
+def row_mask(Y, w):
+    """The row mask: ``w``, or ones for every row of ``Y`` when None."""
+    return jnp.ones(Y.shape[0]) if w is None else w
 
 
 class Info(NamedTuple):
@@ -77,8 +89,9 @@ class Info(NamedTuple):
 # --------------------------------------------------------------------------------------------------
 
 
-def update_xz(cfg: Cfg, st: VBState, Y) -> VBState:
-    """q(x, z) given the parameter factors (eq. 53 with the +1/2 ln|Sx_k| of erratum E4)."""
+def update_xz(cfg: Cfg, st: VBState, Y, w=None) -> VBState:
+    """q(x, z) given the parameter factors (eq. 53 with the +1/2 ln|Sx_k| of erratum E4); a padded row (``w_n =
+    0``) gets r_n = 0."""
     Et, _ = tau_moments(cfg, st)
     EL = e_lambda(cfg, st)
     Sx, logdet_Px = chol_inv_logdet(jnp.eye(cfg.q) + Et * EL)                     # ln|Sx| = -logdet_Px
@@ -92,7 +105,7 @@ def update_xz(cfg: Cfg, st: VBState, Y) -> VBState:
     logrho = e_log_omega(cfg, st)[None] - 0.5 * trxx - 0.5 * Et * quad
     if not cfg.paper_literal:
         logrho = logrho - 0.5 * logdet_Px[None]
-    r = jax.nn.softmax(logrho, axis=-1) if cfg.mixture else jnp.ones_like(logrho)
+    r = (jax.nn.softmax(logrho, axis=-1) if cfg.mixture else jnp.ones_like(logrho)) * row_mask(Y, w)[:, None]
     return st._replace(r=r, m=m, Sx=Sx)
 
 
@@ -106,20 +119,20 @@ def stats_of(st: VBState, Y) -> Stats:
 
 def bound(cfg: Cfg, st: VBState, problem: Problem):
     """The variational lower bound F (N3.3, all constants) at the current state."""
-    Y, mu0 = problem
+    Y, mu0, w = problem
     s = stats_of(st, Y)
     zpart = jnp.sum(st.r * (e_log_omega(cfg, st)[None] - jnp.log(jnp.clip(st.r, 1e-300)))) if cfg.mixture else 0.0
-    return bound_from(cfg, st, s, Y.shape[0], zpart, mu0)
+    return bound_from(cfg, st, s, jnp.sum(row_mask(Y, w)), zpart, mu0)
 
 
 def sweep(cfg: Cfg, st: VBState, problem: Problem, record: bool = False):
     """One VB-EM sweep: alpha; X/Z; stats; mu; Lambda; nu; tau. Returns (state, bound) or, with ``record``,
     (state, bounds after each factor update: [alpha, xz, mu, Lambda, nu, tau])."""
-    Y, mu0 = problem
+    Y, mu0, w = problem
     rec = []
     st = update_alpha(cfg, st, stats_of(st, Y)) if cfg.mixture else st
     rec.append(st)
-    st = update_xz(cfg, st, Y)
+    st = update_xz(cfg, st, Y, w)
     rec.append(st)
     s = stats_of(st, Y)
     st = update_mu(cfg, st, s, mu0)
@@ -128,7 +141,7 @@ def sweep(cfg: Cfg, st: VBState, problem: Problem, record: bool = False):
     rec.append(st)
     st = update_nu(cfg, st)
     rec.append(st)
-    st = update_tau(cfg, st, s, Y.shape[0])
+    st = update_tau(cfg, st, s, jnp.sum(row_mask(Y, w)))
     rec.append(st)
     if record:
         return st, jnp.stack([bound(cfg, x, problem) for x in rec])
@@ -140,14 +153,25 @@ def sweep(cfg: Cfg, st: VBState, problem: Problem, record: bool = False):
 # --------------------------------------------------------------------------------------------------
 
 
-def kmeans_labels(key, Y, K, iters=20):
-    """Lloyd's k-means from K distinct random rows (vectorised; empty clusters keep their centre)."""
-    N = Y.shape[0]
-    C = Y[jax.random.choice(key, N, (K,), replace=False)]
+def distinct_rows(key, w, K):
+    """K distinct rows drawn uniformly among the real ones (``w > 0``): the K rows of smallest random 32-bit word
+    (``jax.random.choice(key, N, (K,), replace=False)`` for unpadded rows), a padded row given the largest word
+    (ties go to the lower, real row). The words of row n do not depend on the padding, so the real rows pick the
+    same rows whatever the bucket."""
+    _, sub = jax.random.split(key)
+    bits = jnp.where(w > 0, jax.random.bits(sub, w.shape, jnp.uint32), jnp.iinfo(jnp.uint32).max)
+    return jnp.argsort(bits, stable=True)[:K]
+
+
+def kmeans_labels(key, Y, K, iters=20, w=None):
+    """Lloyd's k-means from K distinct random rows (vectorised; empty clusters keep their centre); padded rows
+    (``w_n = 0``) are neither centres nor members."""
+    w = row_mask(Y, w)
+    C = Y[distinct_rows(key, w, K)]
 
     def body(C, _):
         lab = jnp.argmin(jnp.sum((Y[:, None] - C[None]) ** 2, -1), -1)
-        R = jax.nn.one_hot(lab, K)
+        R = jax.nn.one_hot(lab, K) * w[:, None]
         n = R.sum(0)
         C = jnp.where(n[:, None] > 0, (R.T @ Y) / jnp.maximum(n, 1)[:, None], C)
         return C, None
@@ -156,19 +180,23 @@ def kmeans_labels(key, Y, K, iters=20):
     return jnp.argmin(jnp.sum((Y[:, None] - C[None]) ** 2, -1), -1), C
 
 
-def initial_state(cfg: Cfg, key, Y) -> VBState:
-    """k-means responsibilities, per-cluster PCA loadings (notes E17: M must not start at 0)."""
-    N, d = Y.shape
+def initial_state(cfg: Cfg, key, Y, w=None) -> VBState:
+    """k-means responsibilities, per-cluster PCA loadings (notes E17: M must not start at 0); padded rows (``w_n =
+    0``) have r_n = 0."""
+    d = Y.shape[1]
+    w = row_mask(Y, w)
+    N = jnp.sum(w)
     K, q = cfg.K, cfg.q
     if cfg.mixture:
-        lab, C = kmeans_labels(key, Y, K)
-        r = jax.nn.one_hot(lab, K)
+        lab, C = kmeans_labels(key, Y, K, w=w)
+        r = jax.nn.one_hot(lab, K) * w[:, None]
     else:
-        r, C = jnp.ones((N, 1)), Y.mean(0)[None]
+        r, C = w[:, None], (w @ Y / N)[None]
     n = r.sum(0)
     D = Y[:, None] - C[None]
     cov = jnp.einsum("nk,nki,nkj->kij", r, D, D) / jnp.maximum(n, 1)[:, None, None]
-    cov = cov + 1e-6 * jnp.trace(jnp.cov(Y.T)) / d * jnp.eye(d)
+    total_var = jnp.sum(w[:, None] * (Y - w @ Y / N) ** 2) / (N - 1)     # tr cov(Y), the real rows
+    cov = cov + 1e-6 * total_var / d * jnp.eye(d)
     lam, U = jnp.linalg.eigh(cov)                                  # ascending
     lam, U = lam[:, ::-1], U[:, :, ::-1]
     if cfg.learn_tau:
@@ -180,7 +208,7 @@ def initial_state(cfg: Cfg, key, Y) -> VBState:
     a_nu = jnp.full((K, q), cfg.a0 + d / 2)
     b_nu = a_nu * jnp.sum(M**2, 1) / d
     c_tau = jnp.asarray(cfg.a_tau + N * d / 2)
-    return VBState(r=r, m=jnp.zeros((N, K, q)), Sx=jnp.broadcast_to(jnp.eye(q), (K, q, q)),
+    return VBState(r=r, m=jnp.zeros((Y.shape[0], K, q)), Sx=jnp.broadcast_to(jnp.eye(q), (K, q, q)),
                    alpha=cfg.alpha0 + n, m_mu=C, s2_mu=1.0 / (cfg.nu0 + n / sig2), M=M,
                    SL=jnp.zeros((K, q, q)) + 1e-12 * jnp.eye(q), a_nu=a_nu, b_nu=b_nu, c_tau=c_tau,
                    e_tau=c_tau * sig2)
@@ -200,7 +228,7 @@ def kernel(cfg: Cfg) -> Kernel:
     """The VB-EM kernel for one static configuration (cached, so ``inference.loop`` compiles it once)."""
 
     def init(key, problem: Problem) -> VBState:
-        return initial_state(cfg, key, problem.Y)
+        return initial_state(cfg, key, problem.Y, problem.w)
 
     def step(key, state: VBState, problem: Problem):
         state, F = sweep(cfg, state, problem)
@@ -216,15 +244,19 @@ def fit_vbem(Y, hyper, key, *, mixture=True, num_restarts=1, max_iter=1000, tol=
              chunk=None, progress=None) -> tuple[Cfg, Run]:
     """Run VB-EM on ``Y`` (no DataTree) from ``num_restarts`` k-means initialisations in parallel until every
     restart's relative bound change is <= ``tol`` or ``max_iter``: returns (cfg, ``inference.loop.Run``; its
-    ``info.objective`` is the bound after every sweep of the best restart)."""
+    ``info.objective`` is the bound after every sweep of the best restart). The rows are padded to
+    ``programs.bucket(N)`` for the run; the returned state has the N real rows."""
     Y = np.asarray(Y, float)
     cfg = cfg_from(hyper, Y.shape[1], mixture, paper_literal)
     if cfg.mixture and cfg.K > Y.shape[0]:
         raise ValueError(f"K: at most N = {Y.shape[0]} components can be initialised by k-means, got {cfg.K}")
-    problem = Problem(Y, np.asarray(prior_means({"Y": Y}, hyper, cfg.K), float))
+    Yp, w = programs.pad_rows(Y)
+    problem = Problem(Yp, np.asarray(prior_means({"Y": Y}, hyper, cfg.K), float), w)
     kern = kernel(cfg)
-    return cfg, run_until_converged(kern.init, kern.step, problem, key, StopRule(int(max_iter), float(tol)),
-                                    num_restarts=num_restarts, chunk=chunk, progress=progress, desc="vbem")
+    run = run_until_converged(kern.init, kern.step, problem, key, StopRule(int(max_iter), float(tol)),
+                              num_restarts=num_restarts, chunk=chunk, progress=progress, desc="vbem")
+    n, st = Y.shape[0], jax.device_get(run.state)     # on the host: cutting a device array compiles a program
+    return cfg, run._replace(state=st._replace(r=st.r[:n], m=st.m[:n]))
 
 
 def _draw_q(cfg: Cfg, st: VBState, seed, S: int):

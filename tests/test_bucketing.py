@@ -1,0 +1,99 @@
+"""Bucketed data dimensions (issue 28, item 2): a kernel whose run is a sum over rows takes its rows padded to
+``programs.bucket(n)`` with a 0/1 mask, so data sets of similar size share its compiled run.
+
+Two claims per bucketed kernel:
+
+* a second fit on another number of rows in the same bucket (90 and 100 rows: bucket 128) builds no XLA program
+  of the kernel (JAX's own compile events, ``inference._timing.Stopwatch``);
+* the padded run equals the unpadded one (``programs.bucketing(False)``: the same kernel on exactly the ``n`` real
+  rows, no padding, the mask all ones) to floating-point reassociation: 1e-9 relative on the objective and on every
+  fitted parameter, where a padded row that leaked into any sum (one row of ~100) would move them by percents.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import zoo
+from inference import programs
+from inference._timing import Stopwatch
+
+REL = 1e-9
+
+
+def test_bucket_is_the_next_power_of_two_from_eight_and_the_identity_when_off():
+    assert [programs.bucket(n) for n in (1, 8, 9, 30, 64, 65, 90, 100, 128, 129)] == \
+        [8, 8, 16, 32, 64, 128, 128, 128, 128, 256]
+    with programs.bucketing(False):
+        assert programs.bucket(90) == 90
+    assert programs.bucket(90) == 128
+
+
+def test_pad_rows_copies_the_last_row_and_masks_the_padding():
+    Y, z = np.arange(10.0).reshape(5, 2), np.array([3, 1, 4, 1, 5])
+    Yp, zp, w = programs.pad_rows(Y, z)
+    assert Yp.shape == (8, 2) and zp.shape == (8,) and w.shape == (8,)
+    np.testing.assert_array_equal(Yp[:5], Y)
+    np.testing.assert_array_equal(Yp[5:], np.repeat(Y[-1:], 3, axis=0))
+    np.testing.assert_array_equal(zp[5:], [5, 5, 5])
+    np.testing.assert_array_equal(w, [1, 1, 1, 1, 1, 0, 0, 0])
+    with pytest.raises(ValueError, match="pad_rows"):
+        programs.pad_rows(Y, z[:4])
+
+
+def _close(ref, pad, what):
+    """Every leaf of two NamedTuples equal to ``REL`` relative to the leaf's largest magnitude."""
+    for name in ref._fields:
+        a, b = np.asarray(getattr(ref, name), float), np.asarray(getattr(pad, name), float)
+        assert a.shape == b.shape, f"{what}.{name}: shapes {a.shape} != {b.shape}"
+        scale = max(np.max(np.abs(a), initial=0.0), 1e-300)
+        assert np.max(np.abs(a - b), initial=0.0) <= REL * scale, f"{what}.{name}"
+
+
+# --------------------------------------------------------------------------------------------------
+# mppca / ppca: VB-EM and ML EM (rows of Y)
+# --------------------------------------------------------------------------------------------------
+
+
+def _mppca_rows(model, seed, n):
+    return zoo.get(model).simulate(seed, N=n)[0]["Y"]
+
+
+def _mppca_hyper(model):
+    return {**zoo.get(model).default_hyper, **({"K": 2, "q": 1} if model == "mppca" else {"q": 1})}
+
+
+@pytest.mark.parametrize("model", ["mppca", "ppca"])
+def test_mppca_vbem_padded_run_equals_the_unpadded_run_and_a_second_size_in_the_bucket_compiles_nothing(model):
+    from inference.mppca import vbem
+
+    Y, hyper, mixture = _mppca_rows(model, 0, 90), _mppca_hyper(model), model == "mppca"
+    with programs.bucketing(False):
+        _, ref = vbem.fit_vbem(Y, hyper, jax.random.key(0), mixture=mixture, max_iter=60, tol=1e-9)
+    _, pad = vbem.fit_vbem(Y, hyper, jax.random.key(0), mixture=mixture, max_iter=60, tol=1e-9)
+    assert pad.n_iter == ref.n_iter
+    assert pad.objective == pytest.approx(ref.objective, rel=REL)
+    np.testing.assert_allclose(pad.info.objective, ref.info.objective, rtol=REL)
+    _close(ref.state, pad.state, "VBState")     # r and m cut back to the 90 real rows
+    assert pad.state.r.shape[0] == 90
+    with Stopwatch() as watch:
+        vbem.fit_vbem(_mppca_rows(model, 1, 100), hyper, jax.random.key(1), mixture=mixture, max_iter=60, tol=1e-9)
+    assert watch.xla_compiles == []
+
+
+@pytest.mark.parametrize("model", ["mppca", "ppca"])
+def test_mppca_em_padded_run_equals_the_unpadded_run_and_a_second_size_in_the_bucket_compiles_nothing(model):
+    from inference.mppca import em
+
+    Y, hyper, mixture = _mppca_rows(model, 0, 90), {**_mppca_hyper(model), "tau_fixed": None}, model == "mppca"
+    with programs.bucketing(False):
+        _, ref = em.fit_em(Y, hyper, jax.random.key(0), mixture=mixture, max_iter=60, tol=1e-12)
+    _, pad = em.fit_em(Y, hyper, jax.random.key(0), mixture=mixture, max_iter=60, tol=1e-12)
+    assert pad.n_iter == ref.n_iter >= 2      # ppca: the PCA start is the ML point, EM stops at once
+    np.testing.assert_allclose(pad.info.objective, ref.info.objective, rtol=REL)
+    _close(ref.state, pad.state, "State")
+    with Stopwatch() as watch:
+        em.fit_em(_mppca_rows(model, 1, 100), hyper, jax.random.key(1), mixture=mixture, max_iter=60, tol=1e-12)
+    assert watch.xla_compiles == []
