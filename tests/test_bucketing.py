@@ -97,3 +97,70 @@ def test_mppca_em_padded_run_equals_the_unpadded_run_and_a_second_size_in_the_bu
     with Stopwatch() as watch:
         em.fit_em(_mppca_rows(model, 1, 100), hyper, jax.random.key(1), mixture=mixture, max_iter=60, tol=1e-12)
     assert watch.xla_compiles == []
+
+
+# --------------------------------------------------------------------------------------------------
+# bpca: VB-EM (rows of Y) and the distributed D-MFVI / D-PPCA (rows of each node's shard)
+# --------------------------------------------------------------------------------------------------
+
+BPCA_HYPER = dict(M=2, tau=None, alpha=None, theta=0.01, a_tau=1e-3, b_tau=1e-3, a_alpha=1e-3, b_alpha=1e-3)
+
+
+def _bpca_data(seed, n):
+    from zoo.bpca import simulate
+
+    return simulate(seed, N=n, D=5, M=2, scales=(2.0, 1.0), num_nodes=3, missing=0.1)[0]
+
+
+def test_bpca_vbem_padded_run_equals_the_unpadded_run_and_a_second_size_in_the_bucket_compiles_nothing():
+    from inference.bpca import common as C
+    from inference.bpca import vbem
+
+    Y = _bpca_data(0, 90)["Y"]
+    cfg = C.cfg_from(BPCA_HYPER, 5)
+    with programs.bucketing(False):
+        ref = vbem.run(cfg, C.shard_of(Y), C.init_key(jax.random.key(0)), max_iter=60, tol=1e-10)
+    pad = vbem.run(cfg, C.shard_of(Y), C.init_key(jax.random.key(0)), max_iter=60, tol=1e-10)
+    assert pad.n_iter == ref.n_iter
+    np.testing.assert_allclose(pad.info.objective, ref.info.objective, rtol=REL)
+    _close(ref.state.g, pad.state.g, "Globals")
+    _close(ref.state._replace(g=ref.state.g.mw), pad.state._replace(g=pad.state.g.mw), "VBState")
+    assert pad.state.mz.shape == (90, 2)
+    q = C.q_of(cfg, pad.state.g, pad.state.tau, pad.state.alpha, pad.state.mz, pad.state.Sz)
+    with programs.bucketing(False):
+        unpadded_elbo = C.elbo_of(cfg, q, C.shard_of(Y))
+    assert C.elbo_of(cfg, q, C.shard_of(Y)) == pytest.approx(unpadded_elbo, rel=REL)
+    with Stopwatch() as watch:
+        second = vbem.run(cfg, C.shard_of(_bpca_data(1, 100)["Y"]), C.init_key(jax.random.key(1)), max_iter=60,
+                          tol=1e-10)
+        C.elbo_of(cfg, C.q_of(cfg, second.state.g, second.state.tau, second.state.alpha, second.state.mz,
+                              second.state.Sz), C.shard_of(_bpca_data(1, 100)["Y"]))
+    assert watch.xla_compiles == []
+
+
+@pytest.mark.parametrize("method", ["badmm", "dppca"])
+def test_bpca_distributed_padded_shards_equal_unpadded_shards_and_a_second_size_in_the_bucket_compiles_nothing(
+        method):
+    from inference.bpca import badmm, dppca, nodes
+
+    def fit(data, seed):
+        if method == "badmm":
+            o = {**badmm.BADMM_DEFAULTS, "progress": False, "max_iter": 25, "tol": 1e-12}
+            return badmm.fit_badmm(data["Y"], data["node"], 3, BPCA_HYPER, jax.random.key(seed), o)[1]
+        o = {k: v.default for k, v in nodes.NETWORK_OPTIONS.items()} | {"progress": False, "max_iter": 25,
+                                                                          "tol": 1e-12}
+        return dppca.fit_dppca(data["Y"], data["node"], 3, BPCA_HYPER, jax.random.key(seed), o)[0]
+
+    data = _bpca_data(0, 90)                 # 3 shards of 30 rows: bucket 32
+    with programs.bucketing(False):
+        ref = fit(data, 0)
+    pad = fit(data, 0)
+    assert pad.rounds == ref.rounds
+    for name in ref.messages:
+        a, b = np.asarray(ref.messages[name]), np.asarray(pad.messages[name])
+        np.testing.assert_allclose(b, a, rtol=REL, atol=REL * np.max(np.abs(a)), err_msg=name)
+    objective = "elbo" if method == "badmm" else "loglik"
+    np.testing.assert_allclose(pad.history[objective], ref.history[objective], rtol=REL)
+    with Stopwatch() as watch:
+        fit(_bpca_data(1, 81), 1)            # 3 shards of 27 rows: bucket 32
+    assert watch.xla_compiles == []
