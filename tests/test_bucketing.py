@@ -124,7 +124,7 @@ def test_bpca_vbem_padded_run_equals_the_unpadded_run_and_a_second_size_in_the_b
     assert pad.n_iter == ref.n_iter
     np.testing.assert_allclose(pad.info.objective, ref.info.objective, rtol=REL)
     _close(ref.state.g, pad.state.g, "Globals")
-    _close(ref.state._replace(g=ref.state.g.mw), pad.state._replace(g=pad.state.g.mw), "VBState")
+    _close(ref.state._replace(g=ref.state.g.mw), pad.state._replace(g=pad.state.g.mw), "VBState")   # q(z) cut to 90
     assert pad.state.mz.shape == (90, 2)
     q = C.q_of(cfg, pad.state.g, pad.state.tau, pad.state.alpha, pad.state.mz, pad.state.Sz)
     with programs.bucketing(False):

@@ -56,6 +56,7 @@ J = 1 reproduces ``vbem`` iterate for iterate (test 3).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -85,6 +86,7 @@ from inference.bpca.nodes import (
     NETWORK_OPTIONS,
     NodeData,
     agreement,
+    cut_slots,
     make_shards,
     memoised_protocol,
     node_assignment,
@@ -291,7 +293,8 @@ def fit_badmm(Y, node, J, hyper, key, o, participation=None, callback=None):
                           adaptive_eta=o["adaptive_eta"])
     res = run_distributed(proto, with_start(shards, start_words(key)), host_keys.fold_in(key, 1), o, participation,
                           callback)
-    return cfg, res, shards, index
+    index, shards, states = cut_slots(index, shards, res.states, ("vb.mz", "vb.Sz", "vb.logdet"))
+    return cfg, dataclasses.replace(res, states=states), shards, index
 
 
 def consensus_q(res, cfg: Cfg, index: np.ndarray, N: int) -> Q:

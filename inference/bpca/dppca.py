@@ -26,6 +26,7 @@ E-step. Returns a point estimate (one draw): the node-average W, mu, tau and eve
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -155,7 +156,8 @@ def fit_dppca(Y, node, J, hyper, key, o, participation=None, callback=None):
                           eta=float(o["eta"]))
     res = nodes.run_distributed(proto, nodes.with_start(shards, start_words(key)), host_keys.fold_in(key, 1), o,
                                 participation, callback)
-    return res, shards, index
+    index, shards, states = nodes.cut_slots(index, shards, res.states, ("Ez", "Sz"))
+    return dataclasses.replace(res, states=states), shards, index
 
 
 @register_method("dppca", kind="point", models=("bpca",), options=nodes.NETWORK_OPTIONS)

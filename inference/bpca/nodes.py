@@ -56,6 +56,22 @@ def make_shards(Y, node, J: int) -> tuple[Shard, np.ndarray]:
     return Shard(X, O, row), index   # host arrays: the programs take them as they are
 
 
+def cut_slots(index: np.ndarray, shards: Shard, states, fields: tuple[str, ...]):
+    """``(index, shards, states)`` with the slot axis cut from ``programs.bucket`` back to the largest shard's
+    rows: the padding ``make_shards`` added for the bucket goes, so per-row results have the sizes the data give.
+    ``fields``: the per-row fields of the node states (``vb.mz`` reaches into a nested state)."""
+    n = int((index >= 0).sum(1).max())
+
+    def cut(state, path):
+        head, _, rest = path.partition(".")
+        inner = getattr(state, head)
+        return state._replace(**{head: cut(inner, rest) if rest else np.asarray(inner)[:, :n]})
+
+    for field in fields:
+        states = cut(states, field)
+    return index[:, :n], Shard(*(np.asarray(a)[:, :n] for a in shards)), states
+
+
 class NodeData(NamedTuple):
     """What node j holds: its rows, and what all nodes agreed on before the run to start from (the same at
     every node; the bpca protocols: the key data of the common initial W, ``common.start_words``, from which every
