@@ -46,8 +46,9 @@ def e_sigma_inv2(cfg, st):
     return inv_moment(2.0 * cfg.m - 2.0, st.C_sig, cfg.A_sigma**2, 2.0)
 
 
-def e_gamma_inv2(cfg, st):
-    return inv_moment(cfg.n - 2.0, st.C_gam, cfg.A_gamma**2, 2.0)
+def e_gamma_inv2(cfg, st, n):
+    """E[gamma^-2] under q(gamma) (n observations)."""
+    return inv_moment(n - 2.0, st.C_gam, cfg.A_gamma**2, 2.0)
 
 
 def e_tau_inv2(cfg, st):
@@ -57,7 +58,7 @@ def e_tau_inv2(cfg, st):
 def pseudo(cfg, data, st):
     """(w, yt): the weighted Gaussian pseudo-likelihood of the current factors (notes §3.1)."""
     if cfg.likelihood == "gaussian":
-        return data.mask * e_gamma_inv2(cfg, st), data.y
+        return data.mask * e_gamma_inv2(cfg, st, data.n_obs), data.y
     if cfg.likelihood == "probit":
         mu = st.EZ @ st.mu_a + data.Af @ st.mu_b
         sgn = 2.0 * data.y - 1.0
@@ -140,6 +141,7 @@ def lower_bound(cfg, data, st):
         sgn = 2.0 * data.y - 1.0
         return L + jnp.sum(mask * log_ndtr(sgn * mu)) - 0.5 * (sum_eta2 - jnp.sum(mask * mu**2))
     ssr = jnp.sum(mask * (data.y**2 - 2.0 * data.y * mu)) + sum_eta2
-    Eg = e_gamma_inv2(cfg, st)
-    return L - 0.5 * cfg.n * LOG_2PI + math.log(2 * cfg.A_gamma / math.pi) + \
-        log_h(cfg.n - 2.0, st.C_gam, cfg.A_gamma**2) + Eg * (st.C_gam - 0.5 * ssr)
+    n = data.n_obs
+    Eg = e_gamma_inv2(cfg, st, n)
+    return L - 0.5 * n * LOG_2PI + math.log(2 * cfg.A_gamma / math.pi) + \
+        log_h(n - 2.0, st.C_gam, cfg.A_gamma**2) + Eg * (st.C_gam - 0.5 * ssr)

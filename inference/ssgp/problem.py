@@ -1,6 +1,12 @@
 """The static description (``Config``) and the arrays (``Data``, the kernel's ``problem``) of an ssgp VB fit,
 built from the model's inputs: the full design [1 | A | random effects] and the padding of the observations
-into chunks (notes §2.6, §3.7)."""
+into chunks (notes §2.6, §3.7).
+
+The observations are padded to ``programs.bucket(n)`` rows (and on to a whole number of chunks) with ``mask`` = 0,
+so data sets of similar size share the compiled programs: every per-observation term of the sweep and the bound
+is weighted by the mask, so a padded row adds nothing, and the number of observations ``n`` (the LMM's q(gamma)
+shape and bound constant) is ``Data.n_obs``, a value of the data, not a constant of the programs: they are built
+from ``program_config(cfg)``."""
 
 from __future__ import annotations
 
@@ -8,6 +14,8 @@ from typing import NamedTuple
 
 import jax
 import numpy as np
+
+from inference import programs
 
 MODELS = ("ssgp_lmm", "ssgp_logit", "ssgp_probit")
 LIKELIHOOD_OF = {"ssgp_lmm": "gaussian", "ssgp_logit": "logit", "ssgp_probit": "probit"}
@@ -26,7 +34,7 @@ class Config(NamedTuple):
     A_gamma: float
     A_tau: float
     chunk: int        # observations per chunk
-    n_chunks: int
+    n_chunks: int     # chunks: n_chunks * chunk >= bucket(n) rows
     factorisation: str = "joint"  # "joint": q(alpha, beta) one Gaussian block; "mean_field": q(alpha) q(beta)
 
 
@@ -42,6 +50,13 @@ class Data(NamedTuple):
     mu_lam0: jax.Array    # (d,)
     P_lam0: jax.Array     # (d, d) prior precision of lam
     AtA: jax.Array        # (s, s) A_f^T A_f over the real rows
+    n_obs: jax.Array | None = None   # () the number of real observations n (float)
+
+
+def program_config(cfg: Config) -> Config:
+    """``cfg`` as the compiled programs see it: without ``n`` (-1), which they read from ``Data.n_obs``, so fits
+    on data sets of other sizes in the same bucket share them."""
+    return cfg._replace(n=-1)
 
 
 def design(inputs, hyper):
@@ -76,8 +91,9 @@ def setup(inputs, hyper, likelihood, chunk_size=None, factorisation="joint"):
     n, d = X.shape
     m = S.shape[0]
     Af, prec, re_term, J, T = design(inputs, hyper)
-    chunk = int(chunk_size) if chunk_size else max(1, min(n, 2**18 // (m * m)))
-    n_chunks = -(-n // chunk)
+    rows = programs.bucket(n)
+    chunk = int(chunk_size) if chunk_size else max(1, min(rows, 2**18 // (m * m)))
+    n_chunks = -(-rows // chunk)
     pad = n_chunks * chunk - n
     padr = lambda a: np.concatenate([a, np.zeros((pad, *a.shape[1:]))]) if pad else a
     y = np.asarray(inputs["y"], dtype=np.float64)
@@ -87,5 +103,5 @@ def setup(inputs, hyper, likelihood, chunk_size=None, factorisation="joint"):
     data = Data(X=np.asarray(padr(X), float), y=padr(y), mask=padr(np.ones(n)), Af=np.asarray(padr(Af), float),
                 S=np.asarray(S, float), prec_fixed=np.asarray(prec, float), re_term=np.asarray(re_term),
                 mu_lam0=np.full(d, float(hyper["mu_lam0"])), P_lam0=np.eye(d) / float(hyper["var_lam0"]),
-                AtA=np.asarray(Af.T @ Af, float))
+                AtA=np.asarray(Af.T @ Af, float), n_obs=np.asarray(float(n)))
     return cfg, data

@@ -137,7 +137,7 @@ def _coefficients_and_scales_once(cfg, data, st):
     w, yt = pseudo(cfg, data, st)                                     # probit: y* for the new E[Z]
     EZ, ZWZ = st.EZ, st.ZWZ
     Es = e_sigma_inv2(cfg, st)
-    Eg = e_gamma_inv2(cfg, st) if cfg.likelihood == "gaussian" else 1.0
+    Eg = e_gamma_inv2(cfg, st, data.n_obs) if cfg.likelihood == "gaussian" else 1.0
     ZWZ_w = ZWZ * Eg if cfg.likelihood != "logit" else ZWZ
     wy = w * yt
     if cfg.factorisation == "joint":

@@ -45,7 +45,7 @@ from inference.loop import Run, StopRule, draws_in_blocks, run_until_converged
 from inference.ssgp.bound import joint_cov, omega, pseudo
 from inference.ssgp.features import expectations
 from inference.ssgp.hfunction import inv_moment, sample_scale, scale_log_density
-from inference.ssgp.problem import LIKELIHOOD_OF, MODELS, Config, Data, setup
+from inference.ssgp.problem import LIKELIHOOD_OF, MODELS, Config, Data, program_config, setup
 from inference.ssgp.sweep import lam_terms, sweep
 
 GROW, SHRINK, MIN_STEP = 2.0, 0.25, 2.0 ** -13  # adaptive lam step: x2 after a success, /4 per failed try
@@ -111,21 +111,22 @@ def kernel(cfg: Config, settings: Settings = DEFAULT_SETTINGS) -> Kernel:
                   jax.jit(functools.partial(draw_block, cfg)))
 
 
-def draw_block(cfg, keys, st):
-    """One draw from q per key (``draw`` with one sample) and the scale moments of q (``scale_moments``)."""
-    one = lambda k: jax.tree.map(lambda a: a[0], draw(cfg, k, st, 1))
-    return jax.vmap(one)(keys), scale_moments(cfg, st)
+def draw_block(cfg, keys, st, n):
+    """One draw from q per key (``draw`` with one sample) and the scale moments of q (``scale_moments``); ``n``
+    the number of observations."""
+    one = lambda k: jax.tree.map(lambda a: a[0], draw(cfg, k, st, 1, n))
+    return jax.vmap(one)(keys), scale_moments(cfg, st, n)
 
 
 def init(cfg, settings, key, problem):
     """Initial factors (notes §3.3; deterministic, ``key`` unused): mu_lam = 0.5 (never 0), Sigma_lam = 0.5 I,
     C_sigma = (m-1) v, C_gamma = (n/2 - 1) v/4 (v = var y; 1 for the binary models), C_tau = (J/2 - 1)/2,
     mu_alpha = 0, Sigma_alpha = Sigma_beta = 0.1 I, xi = 1."""
-    m, d, n = cfg.m, cfg.d, cfg.n
+    m, d, n = cfg.m, cfg.d, problem.n_obs
     data = problem
     if cfg.likelihood == "gaussian":
         ybar = jnp.sum(data.mask * data.y) / n
-        v = jnp.maximum(jnp.sum(data.mask * (data.y - ybar) ** 2) / max(n - 1, 1), 1e-6)
+        v = jnp.maximum(jnp.sum(data.mask * (data.y - ybar) ** 2) / jnp.maximum(n - 1, 1), 1e-6)
     else:
         v = jnp.asarray(1.0)
     mu_lam = jnp.broadcast_to(jnp.asarray(settings.mu_lam_init, dtype=jnp.float64), (d,))
@@ -181,7 +182,7 @@ def step(cfg, settings, key, st, data):
     return new, Info(new.bound, new.a, n_tries, (new.it > warm_start + 2) & (lam_moved < LAM_TOL))
 
 
-def draw(cfg, key, st, num_samples):
+def draw(cfg, key, st, num_samples, n):
     """``num_samples`` draws of the model's latent sites from q and log q at each (constrained space).
 
     alpha_raw = sqrt(m) alpha / sigma and b_raw = b / tau (the model is non-centred), so log q gains the
@@ -210,9 +211,9 @@ def draw(cfg, key, st, num_samples):
         log_q += sum(scale_log_density(tau[:, t], cfg.J - 2.0, st.C_tau[t], cfg.A_tau**2) for t in range(cfg.T))
         log_q += cfg.J * jnp.sum(jnp.log(tau), axis=1)
     if cfg.likelihood == "gaussian":
-        gamma = sample_scale(k[5], cfg.n - 2.0, st.C_gam, cfg.A_gamma**2, (S_,))
+        gamma = sample_scale(k[5], n - 2.0, st.C_gam, cfg.A_gamma**2, (S_,))
         post["gamma"] = gamma
-        log_q += scale_log_density(gamma, cfg.n - 2.0, st.C_gam, cfg.A_gamma**2)
+        log_q += scale_log_density(gamma, n - 2.0, st.C_gam, cfg.A_gamma**2)
     return post, log_q
 
 
@@ -222,7 +223,7 @@ def run(cfg: Config, data: Data, *, max_iter=1000, tol=1e-6, warm_start=3, step_
     ``inference.loop.run_until_converged``; the VB is deterministic, so ``key`` only feeds the loop."""
     settings = Settings(int(warm_start), float(step_max), bool(backtrack),
                         tuple(float(v) for v in np.ravel(mu_lam_init)))
-    k = kernel(cfg, settings)
+    k = kernel(program_config(cfg), settings)
     key = jax.random.key(0) if key is None else key
     return run_until_converged(k.init, k.step, data, key, StopRule(int(max_iter), float(tol)), chunk=CHUNK,
                                progress=progress, desc="ssgp vb")
@@ -232,7 +233,7 @@ def state_dataset(cfg, st, moments=None):
     """The variational parameters as an xarray Dataset (stored in the tree for ``predict`` and for
     recomputing ``log_q`` and the bound from the tree), with the Jaakkola-Jordan points ``xi`` for logit;
     ``moments``: ``scale_moments`` where they were computed already (the fit's draw program)."""
-    moments = _scale_moments(cfg)(st) if moments is None else moments
+    moments = _scale_moments(program_config(cfg))(st, np.asarray(float(cfg.n))) if moments is None else moments
     moments = {k: np.asarray(v) for k, v in moments.items()}
     ds = {"mu_lam": (["input"], st.mu_lam), "Sig_lam": (["input", "input_"], st.Sig_lam),
           "mu_alpha": (["basis"], st.mu_a), "Sig_alpha": (["basis", "basis_"], st.Sig_a),
@@ -257,12 +258,12 @@ def _scale_moments(cfg: Config):
     return jax.jit(functools.partial(scale_moments, cfg))
 
 
-def scale_moments(cfg: Config, st) -> dict:
-    """The moments of q(sigma), q(gamma), q(tau) that ``state_dataset`` stores."""
+def scale_moments(cfg: Config, st, n) -> dict:
+    """The moments of q(sigma), q(gamma), q(tau) that ``state_dataset`` stores (``n`` observations)."""
     out = {"E_sigma": inv_moment(2.0 * cfg.m - 2.0, st.C_sig, cfg.A_sigma**2, -1.0)}
     if cfg.likelihood == "gaussian":
-        out["E_gamma"] = inv_moment(cfg.n - 2.0, st.C_gam, cfg.A_gamma**2, -1.0)
-        out["E_gamma2"] = inv_moment(cfg.n - 2.0, st.C_gam, cfg.A_gamma**2, -2.0)
+        out["E_gamma"] = inv_moment(n - 2.0, st.C_gam, cfg.A_gamma**2, -1.0)
+        out["E_gamma2"] = inv_moment(n - 2.0, st.C_gam, cfg.A_gamma**2, -2.0)
     if cfg.T > 0:
         out["E_tau"] = jax.vmap(lambda c: inv_moment(cfg.J - 2.0, c, cfg.A_tau**2, -1.0))(st.C_tau)
     return out
@@ -306,7 +307,8 @@ def run_vb(ctx: FitContext) -> Draws:
     """Closed-form mean-field VB with NCVMP for q(lam) (Tan & Nott 2016; Lim 2016; notes §3)."""
     o = ctx.options
     cfg, arrays, res = fit_state(ctx.spec, ctx.data, ctx.hyper, o, ctx.key)
-    (post, log_q), moments = draws_in_blocks(kernel(cfg).draw, ctx.key, o["num_samples"], res.state)
+    (post, log_q), moments = draws_in_blocks(kernel(program_config(cfg)).draw, ctx.key, o["num_samples"], res.state,
+                                             arrays.n_obs)
     info = res.info
     return Draws(
         posterior={k: np.asarray(v)[None] for k, v in post.items()}, sample_stats={"log_q": np.asarray(log_q)[None]},
