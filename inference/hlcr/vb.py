@@ -32,6 +32,10 @@ federated VB-EM message of an agent (notes E3).
 Draws: w ~ q(w), theta ~ q(theta), z ~ Cat(r), psi = the point estimate in every draw; ``log_q`` of
 (w, theta) is stored for PSIS k-hat (psi is a point mass and excluded from it; z is summed out by the model, so
 its draws are for display and not in log q). The fitted q is stored in group ``vbem`` (``q_dataset``).
+
+The pairs are padded to ``programs.bucket(E)`` (``run``), so data sets of similar size share the compiled run: the
+pair mask multiplies every responsibility, so a padded pair has r_e = 0 and adds nothing to the soft statistics of
+q(w), to a_i or to the bound (its own terms are all weighted by r_e); the fitted r is cut back to the E real pairs.
 """
 
 from __future__ import annotations
@@ -126,9 +130,10 @@ def _update_theta(r, log_psi, pdat: PairData, hyper: Hyper):
     return hyper.beta * jnp.exp(log_psi) + jax.ops.segment_sum(r, pdat.agent, num_segments=hyper.n_agents)
 
 
-def _update_z(m, S, a, pdat: PairData):
+def _update_z(m, S, a, pdat: PairData, w=None):
     logits = _expected_loglik(m, S, pdat) + _elogtheta(a)[pdat.agent]
-    return jax.nn.softmax(logits, axis=-1)
+    r = jax.nn.softmax(logits, axis=-1)
+    return r if w is None else r * w[:, None]
 
 
 def theta_terms(a, elog, log_psi, beta):
@@ -163,21 +168,24 @@ def elbo(state: State, pdat: PairData, hyper: Hyper):
     return t_z + theta_terms(a, elog, log_psi, hyper.beta) + w_psi_terms(m, S, log_psi, hyper)
 
 
-def init(key, pdat: PairData, hyper: Hyper) -> State:
-    """Random soft labels r_e ~ Dir(1), psi uniform, then q(w), q(theta) from them."""
+def init(key, pdat: PairData, hyper: Hyper, w=None) -> State:
+    """Random soft labels r_e ~ Dir(1), psi uniform, then q(w), q(theta) from them; ``w``: the pair mask (a
+    padded pair gets r_e = 0; the draws of pair e do not depend on the padding)."""
     E = pdat.gs.shape[0]
     r = jax.random.dirichlet(key, jnp.ones(hyper.K), (E,))
+    r = r if w is None else r * w[:, None]
     log_psi = jnp.full(hyper.K, -jnp.log(hyper.K))
     m, S = _update_w(r, pdat, hyper)
     return State(r, m, S, _update_theta(r, log_psi, pdat, hyper), log_psi)
 
 
-def iterate(state: State, pdat: PairData, hyper: Hyper) -> tuple[State, Info]:
-    """One VB-EM iteration: q(w), psi, q(theta), q(z) in turn (each a block maximiser of the bound)."""
+def iterate(state: State, pdat: PairData, hyper: Hyper, w=None) -> tuple[State, Info]:
+    """One VB-EM iteration: q(w), psi, q(theta), q(z) in turn (each a block maximiser of the bound); ``w``: the
+    pair mask."""
     m, S = _update_w(state.r, pdat, hyper)
     log_psi = _update_psi(state.log_psi, state.a, hyper)
     a = _update_theta(state.r, log_psi, pdat, hyper)
-    r = _update_z(m, S, a, pdat)
+    r = _update_z(m, S, a, pdat, w)
     new = State(r, m, S, a, log_psi)
     return new, Info(elbo(new, pdat, hyper))
 
@@ -187,11 +195,19 @@ class Kernel(NamedTuple):
     step: object
 
 
+class Problem(NamedTuple):
+    """The pairs' statistics and the pair mask (1.0 real, 0.0 padding)."""
+
+    pdat: PairData
+    w: jax.Array
+
+
 @programs.cached(maxsize=32)
 def kernel(hyper: Hyper) -> Kernel:
-    """``init(key, pdat)``, ``step(key, state, pdat)`` for ``inference.loop`` (one per static hyper, so the
-    loop compiles once per data shape); the problem is the ``PairData``. The step is deterministic."""
-    return Kernel(lambda key, pdat: init(key, pdat, hyper), lambda key, state, pdat: iterate(state, pdat, hyper))
+    """``init(key, problem)``, ``step(key, state, problem)`` for ``inference.loop`` (one per static hyper, so the
+    loop compiles once per data shape); the problem is a ``Problem``. The step is deterministic."""
+    return Kernel(lambda key, p: init(key, p.pdat, hyper, p.w), lambda key, state, p: iterate(state, p.pdat, hyper,
+                                                                                              p.w))
 
 
 def run(key, pdat: PairData, hyper: Hyper, *, max_iter: int, tol: float, num_restarts: int = 1, progress=None):
@@ -200,9 +216,12 @@ def run(key, pdat: PairData, hyper: Hyper, *, max_iter: int, tol: float, num_res
     final bound is kept (``Run``: state, per-iteration ``info.objective``, every restart's final bound).
     Mean-field VB-EM is a local optimiser: on the notes' C1 data a single start can stop in a merged/split
     mode (seen: ARI 0.62 with bound -5392 against ARI 1.0 for the best of 4 starts)."""
-    k = kernel(hyper)
-    return run_until_converged(k.init, k.step, pdat, key, StopRule(max_iter, tol, "relative"),
-                               num_restarts=num_restarts, progress=progress, desc="hlcr vbem")
+    k, E = kernel(hyper), pdat.gs.shape[0]
+    *padded, w = programs.pad_rows(*pdat)       # pairs padded to programs.bucket(E), the mask
+    res = run_until_converged(k.init, k.step, Problem(PairData(*padded), w), key, StopRule(max_iter, tol, "relative"),
+                              num_restarts=num_restarts, progress=progress, desc="hlcr vbem")
+    st = jax.device_get(res.state)     # on the host: cutting a device array compiles a program
+    return res._replace(state=st._replace(r=st.r[:E]))
 
 
 def draw(seed, state: State, num_samples: int):
