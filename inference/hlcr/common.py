@@ -188,13 +188,17 @@ def sample_log_dirichlet(key, conc):
     return jnp.maximum(lg - jax.nn.logsumexp(lg, axis=-1, keepdims=True), TINY_LOG)
 
 
-def antoniak_table_totals(key, z, agent, log_psi, beta, K, n_agents):
+def antoniak_table_totals(key, z, agent, log_psi, beta, K, n_agents, real=None):
     """Sum over agents of auxiliary table counts m_ik (notes P1), one Bernoulli per pair:
 
     within each (agent, label) group the pairs are taken in index order; the l-th (l = 0, 1, ...) opens a
-    new table with probability beta psi_k / (beta psi_k + l). Returns m_k = sum_i m_ik (K,). Memory O(E)."""
+    new table with probability beta psi_k / (beta psi_k + l). Returns m_k = sum_i m_ik (K,). Memory O(E).
+    ``real`` (E,) bool: padded pairs (False) form a group of their own past every real one and have label K,
+    which no count holds; pair e's uniform draw does not depend on the padding."""
     E = z.shape[0]
     group = agent * K + z
+    if real is not None:
+        group = jnp.where(real, group, n_agents * K)
     order = jnp.argsort(group, stable=True)
     g_sorted = group[order]
     starts = jnp.searchsorted(g_sorted, g_sorted, side="left")

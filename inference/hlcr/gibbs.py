@@ -39,6 +39,13 @@ the same label path (a test oracle) and serves as the speed baseline.
 
 Each saved draw adds w_k ~ N(D_k^-1 c_k, D_k^-1) and theta_i ~ Dir(beta psi + N_i) from their
 conditionals, so (z, w, psi, theta) is a joint posterior draw of the model's latent sites.
+
+The pairs are padded to ``programs.bucket(E)`` (``run``; the events to ``programs.bucket(M)``), so data sets of
+similar size share the compiled chains: a padded pair (``Problem.real`` False) has the label K, which no cluster
+or agent count holds and no statistic sums (``segment_sum`` drops it), its update in the scan leaves the state as
+it is, it opens no table and its const is not in the log joint; its events are none. The random numbers of pair
+e (initial label, Gumbel noise, table draw) are the same whatever the padding, so the real pairs follow the
+unpadded chain; the labels are cut back to E.
 """
 
 from __future__ import annotations
@@ -102,6 +109,7 @@ class Problem(NamedTuple):
 
     pdat: PairData
     events: Events | None = None
+    real: jax.Array | None = None   # (E,) bool, False on padded pairs (None: every pair is real)
 
 
 def state_from_labels(z, pdat: PairData, hyper: Hyper) -> State:
@@ -111,6 +119,17 @@ def state_from_labels(z, pdat: PairData, hyper: Hyper) -> State:
     onehot = jax.nn.one_hot(z, K)
     n_agent = jax.ops.segment_sum(onehot, pdat.agent, num_segments=hyper.n_agents)
     return State(z, D, c, logZ, n_agent, onehot.sum(0), jnp.full(K, -jnp.log(K)))
+
+
+def _keep_padded(update):
+    """``update(carry, xs)`` that leaves the carry as it is (and reports no change) for a padded pair."""
+
+    def guarded(carry, xs):
+        new, changed = update(carry, xs[:-1])
+        real = xs[-1]
+        return jax.tree.map(lambda a, b: jnp.where(real, a, b), new, carry), changed & real
+
+    return guarded
 
 
 def _block_pair_update(state: State, xs, hyper: Hyper, prior: str):
@@ -189,33 +208,37 @@ def _paper_pair_update(carry, xs, hyper: Hyper, prior: str, ev: Events):
 
 def sweep(key, state: State, problem: Problem, hyper: Hyper, prior: str = "exact", kernel: str = "block"):
     """One systematic-scan sweep over all pairs, then the psi update. Returns ``(state, Info)``."""
-    pdat, events = problem
+    pdat, events, real = problem
     k_gumbel, k_tables, k_psi = jax.random.split(key, 3)
     E = state.z.shape[0]
     D, c, logZ = cluster_state(pdat.Gs, pdat.gs, state.z, hyper.K, hyper.delta)
     state = state._replace(D=D, c=c, logZ=logZ)
     gumbel = jax.random.gumbel(k_gumbel, (E, hyper.K))
     xs = (pdat.Gs, pdat.gs, pdat.const, pdat.agent, gumbel, jnp.arange(E))
+    guard = (lambda f: f) if real is None else _keep_padded
+    xs = xs if real is None else (*xs, real)
     if kernel == "block":
-        state, changed = jax.lax.scan(lambda s, x: _block_pair_update(s, x, hyper, prior), state, xs)
+        state, changed = jax.lax.scan(guard(lambda s, x: _block_pair_update(s, x, hyper, prior)), state, xs)
     else:
-        (state, _), changed = jax.lax.scan(lambda s, x: _paper_pair_update(s, x, hyper, prior, events),
+        (state, _), changed = jax.lax.scan(guard(lambda s, x: _paper_pair_update(s, x, hyper, prior, events)),
                                            (state, jnp.linalg.inv(D)), xs)
         # the rank-one updates carry H_k = D_k^-1, not D_k: rebuild (D, c, logZ) from the new labels so that
         # the draws (collect) pair a current D_k with the current c_k
         D, c, logZ = cluster_state(pdat.Gs, pdat.gs, state.z, hyper.K, hyper.delta)
         state = state._replace(D=D, c=c, logZ=logZ)
-    m = antoniak_table_totals(k_tables, state.z, pdat.agent, state.log_psi, hyper.beta, hyper.K, hyper.n_agents)
+    m = antoniak_table_totals(k_tables, state.z, pdat.agent, state.log_psi, hyper.beta, hyper.K, hyper.n_agents,
+                              real)
     log_psi = sample_log_dirichlet(k_psi, hyper.alpha / hyper.K + m)
     state = state._replace(log_psi=log_psi)
-    return state, Info(log_joint(state, pdat, hyper), jnp.sum(changed))
+    return state, Info(log_joint(state, pdat, hyper, real), jnp.sum(changed))
 
 
-def log_joint(state: State, pdat: PairData, hyper: Hyper):
+def log_joint(state: State, pdat: PairData, hyper: Hyper, real=None):
     """Collapsed log joint log p(y | z) + log p(z | psi) + log Dir(psi | alpha/K) (notes §3.4, [ours];
-    ``common.collapsed_log_joint``)."""
+    ``common.collapsed_log_joint``); ``real``: the pair mask (padded pairs' const left out)."""
     D, c, _ = cluster_state(pdat.Gs, pdat.gs, state.z, hyper.K, hyper.delta)
-    return collapsed_log_joint(D, c, jnp.sum(pdat.const), state.n_agent, state.log_psi, hyper)
+    const = pdat.const if real is None else jnp.where(real, pdat.const, 0.0)
+    return collapsed_log_joint(D, c, jnp.sum(const), state.n_agent, state.log_psi, hyper)
 
 
 def events_by_pair(X, y, pair, n_pairs) -> Events:
@@ -233,6 +256,8 @@ def kernel(hyper: Hyper, prior: str = "exact", kernel: str = "block") -> Sampler
     def init(key, problem: Problem) -> State:
         E = problem.pdat.gs.shape[0]
         z = jax.random.randint(key, (E,), 0, hyper.K).astype(jnp.int32)   # z ~ U{1..K} (Algorithm 2 init)
+        if problem.real is not None:
+            z = jnp.where(problem.real, z, hyper.K)                         # padded pairs: label K, never counted
         return state_from_labels(z, problem.pdat, hyper)
 
     def step(key, state: State, problem: Problem):
@@ -250,15 +275,35 @@ def kernel(hyper: Hyper, prior: str = "exact", kernel: str = "block") -> Sampler
 def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: int, num_chains: int = 1,
         thinning: int = 1, prior: str = "exact", kernel_name: str = "block", z_init=None, progress=None,
         chunk: int = 100):
-    """The collapsed chains (``common.run_label_chains``); ``z_init`` (labels per pair) starts every chain."""
+    """The collapsed chains (``common.run_label_chains``); ``z_init`` (labels per pair) starts every chain. The
+    pairs are padded to ``programs.bucket(E)`` (``padded``); the labels returned are the E real pairs'."""
     k = kernel(hyper, prior, kernel_name)
+    E = problem.pdat.gs.shape[0]
+    problem = padded(problem)
     init_state = None
     if z_init is not None:
-        z0 = jnp.broadcast_to(jnp.asarray(z_init, dtype=jnp.int32), (num_chains, problem.pdat.gs.shape[0]))
+        z0 = np.full(problem.pdat.gs.shape[0], hyper.K, np.int32)
+        z0[:E] = np.asarray(z_init)
+        z0 = jnp.broadcast_to(jnp.asarray(z0), (num_chains, z0.shape[0]))
         init_state = jax.vmap(lambda z: state_from_labels(z, problem.pdat, hyper))(z0)
-    return run_label_chains(k, problem, key, num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains,
-                            thinning=thinning, init_state=init_state, progress=progress, chunk=chunk,
-                            desc="hlcr gibbs")
+    posterior, stats, state = run_label_chains(
+        k, problem, key, num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains, thinning=thinning,
+        init_state=init_state, progress=progress, chunk=chunk, desc="hlcr gibbs")
+    return {**posterior, "z": posterior["z"][..., :E]}, stats, state
+
+
+def padded(problem: Problem) -> Problem:
+    """``problem`` with its pairs padded to ``programs.bucket(E)`` (copies of the last pair, ``real`` False) and its
+    events to ``programs.bucket(M)`` (zeros; a padded pair has none)."""
+    *pairs, real = programs.pad_rows(*problem.pdat)
+    events = problem.events
+    if events is not None:
+        X, y = (np.asarray(a) for a in (events.X, events.y))
+        X, y, _ = programs.pad_rows(X, y)
+        extra = np.zeros(len(real) - len(events.start), np.int32)       # padded pairs: no events
+        events = Events(X, y, np.concatenate([np.asarray(events.start), extra]),
+                        np.concatenate([np.asarray(events.count), extra]))
+    return Problem(PairData(*pairs), events, real > 0)
 
 
 @register_method("gibbs", kind="sampler", models=("hlcr",), options={
