@@ -279,3 +279,36 @@ def test_hlcr_gibbs_padded_chains_follow_the_unpadded_chains_and_a_second_size_i
     with Stopwatch() as watch:
         run(prob2, hyper2, 1)
     assert watch.xla_compiles == []
+
+
+def test_hlcr_blocked_gibbs_padded_chains_follow_the_unpadded_chains_and_a_second_size_compiles_nothing():
+    """As for the collapsed kernel: pair e's uniform and initial label do not depend on the padding."""
+    from inference.hlcr import gibbs_blocked as gb
+    from inference.hlcr.common import make_hyper
+    from zoo.hlcr import model_inputs
+
+    spec = zoo.get("hlcr")
+
+    def problem(seed):
+        data, _ = spec.simulate(seed, n_agents=6, mean_entities=15.0, mean_events=4.0)
+        inputs = model_inputs(data, spec.default_hyper)
+        return gb.problem_from_inputs(inputs), make_hyper(spec.default_hyper, inputs["n_agents"])
+
+    def run(prob, hyper, seed):
+        return gb.run(jax.random.key(seed), prob, hyper, num_warmup=5, num_samples=10, num_chains=2)
+
+    prob, hyper = problem(0)
+    with programs.bucketing(False):
+        ref, ref_stats, _ = run(prob, hyper, 0)
+    pad, pad_stats, _ = run(prob, hyper, 0)
+    assert pad["z"].shape == ref["z"].shape == (2, 10, 82)
+    np.testing.assert_array_equal(pad["z"], ref["z"])
+    assert np.mean(ref_stats["n_changed"]) > 0
+    for name in ("w", "theta", "psi"):
+        np.testing.assert_allclose(pad[name], ref[name], rtol=REL, atol=REL, err_msg=name)
+    np.testing.assert_allclose(pad_stats["log_joint_collapsed"], ref_stats["log_joint_collapsed"], rtol=REL)
+    np.testing.assert_array_equal(pad_stats["n_changed"], ref_stats["n_changed"])
+    prob2, hyper2 = problem(1)
+    with Stopwatch() as watch:
+        run(prob2, hyper2, 1)
+    assert watch.xla_compiles == []

@@ -40,6 +40,11 @@ much more slowly: a label can move to a cluster only where theta_ik is not negli
 Gamma(beta psi_k + N_ik) underflows for clusters an agent does not use, so merged or split clusters are undone
 only by rare moves (from all labels equal on 2,000 agents it stays in the merged state; from random labels it
 needs ~10x the collapsed kernel's sweeps to reach the stationary log joint on 5,000 pairs).
+
+The pairs are padded to ``programs.bucket(E)`` (``run``), so data sets of similar size share the compiled chains:
+a padded pair (``Problem.real`` False) has the label K, which no statistic, count or table holds, and its const is
+not in the log joint; the random numbers of pair e do not depend on the padding, so the real pairs follow the
+unpadded chain; the labels are cut back to E.
 """
 
 from __future__ import annotations
@@ -87,6 +92,7 @@ class Problem(NamedTuple):
     stats: jax.Array
     const: jax.Array
     agent: jax.Array
+    real: jax.Array | None = None   # (E,) bool, False on padded pairs (None: every pair is real)
 
 
 def problem_from_inputs(inputs: dict) -> Problem:
@@ -121,7 +127,13 @@ def draw_labels(key, w, log_theta, problem: Problem):
     p = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
     cdf = jnp.cumsum(p, axis=-1)
     u = jax.random.uniform(key, cdf.shape[:1], minval=jnp.finfo(cdf.dtype).tiny) * cdf[:, -1]
-    return jnp.minimum(jnp.sum(cdf < u[:, None], axis=-1), w.shape[0] - 1).astype(jnp.int32)
+    z = jnp.minimum(jnp.sum(cdf < u[:, None], axis=-1), w.shape[0] - 1).astype(jnp.int32)
+    return _padded_label(z, problem, w.shape[0])
+
+
+def _padded_label(z, problem: Problem, K: int):
+    """``z`` with the label K on padded pairs (none without a mask)."""
+    return z if problem.real is None else jnp.where(problem.real, z, K)
 
 
 def label_statistics(z, problem: Problem, hyper: Hyper):
@@ -131,7 +143,9 @@ def label_statistics(z, problem: Problem, hyper: Hyper):
     iu = np.triu_indices(F)
     P = len(iu[0])
     D = jnp.zeros((K, F, F)).at[:, iu[0], iu[1]].set(sums[:, :P]).at[:, iu[1], iu[0]].set(sums[:, :P])
-    counts = jnp.zeros(hyper.n_agents * K).at[problem.agent * K + z].add(1.0).reshape(hyper.n_agents, K)
+    real = 1.0 if problem.real is None else problem.real.astype(sums.dtype)      # a padded pair counts 0
+    counts = jnp.zeros(hyper.n_agents * K).at[problem.agent * K + jnp.minimum(z, K - 1)].add(
+        jnp.broadcast_to(real, z.shape)).reshape(hyper.n_agents, K)
     return D + prior_precision(F, hyper.delta), sums[:, P:P + F], counts
 
 
@@ -139,7 +153,7 @@ def parameters_given_labels(key, z, log_psi, problem: Problem, hyper: Hyper):
     """Steps 2-4: (psi, w, theta) given the labels. Returns the new log psi, w, log theta and (D, c, counts)."""
     k_tables, k_psi, k_cond = jax.random.split(key, 3)
     D, c, n_agent = label_statistics(z, problem, hyper)
-    m = antoniak_table_totals(k_tables, z, problem.agent, log_psi, hyper.beta, hyper.K, hyper.n_agents)
+    m = antoniak_table_totals(k_tables, z, problem.agent, log_psi, hyper.beta, hyper.K, hyper.n_agents, problem.real)
     log_psi = sample_log_dirichlet(k_psi, hyper.alpha / hyper.K + m)
     w, theta = draw_conditionals(k_cond, D, c, n_agent, log_psi, hyper.beta)
     return log_psi, w, jnp.log(theta), (D, c, n_agent)
@@ -157,7 +171,8 @@ def sweep(key, state: State, problem: Problem, hyper: Hyper):
     k_labels, k_params = jax.random.split(key)
     z = draw_labels(k_labels, state.w, state.log_theta, problem)
     log_psi, w, log_theta, (D, c, n_agent) = parameters_given_labels(k_params, z, state.log_psi, problem, hyper)
-    objective = collapsed_log_joint(D, c, jnp.sum(problem.const), n_agent, log_psi, hyper)
+    const = problem.const if problem.real is None else jnp.where(problem.real, problem.const, 0.0)
+    objective = collapsed_log_joint(D, c, jnp.sum(const), n_agent, log_psi, hyper)
     return State(z, w, log_theta, log_psi), Info(objective, jnp.sum(z != state.z))
 
 
@@ -168,7 +183,7 @@ def kernel(hyper: Hyper) -> SamplerKernel:
     def init(key, problem: Problem) -> State:
         k_z, k_params = jax.random.split(key)
         z = jax.random.randint(k_z, problem.const.shape, 0, hyper.K).astype(jnp.int32)   # z ~ U{1..K}
-        return state_from_labels(k_params, z, problem, hyper)
+        return state_from_labels(k_params, _padded_label(z, problem, hyper.K), problem, hyper)
 
     def step(key, state: State, problem: Problem):
         return sweep(key, state, problem, hyper)
@@ -183,17 +198,24 @@ def kernel(hyper: Hyper) -> SamplerKernel:
 def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: int, num_chains: int = 1,
         thinning: int = 1, z_init=None, progress=None, chunk: int = 100):
     """The blocked chains (``common.run_label_chains``); ``z_init`` (labels per pair) starts every chain, its
-    (psi, w, theta) drawn given those labels."""
+    (psi, w, theta) drawn given those labels. The pairs are padded to ``programs.bucket(E)``; the labels returned
+    are the E real pairs'."""
     k = kernel(hyper)
     k_init, k_run = host_keys.parts(key)
+    E = problem.const.shape[0]
+    stats, const, agent, mask = programs.pad_rows(problem.stats, problem.const, problem.agent)
+    problem = Problem(stats, const, agent, mask > 0)
     init_state = None
     if z_init is not None:
-        z0 = np.broadcast_to(np.asarray(z_init, dtype=np.int32), (num_chains, problem.const.shape[0]))
+        z0 = np.full(len(mask), hyper.K, np.int32)
+        z0[:E] = np.asarray(z_init)
+        z0 = np.broadcast_to(z0, (num_chains, len(mask)))
         init_state = jax.jit(jax.vmap(lambda kk, z: state_from_labels(kk, z, problem, hyper)))(
             host_keys.split(k_init, num_chains), z0)
-    return run_label_chains(k, problem, k_run, num_warmup=num_warmup, num_samples=num_samples,
-                            num_chains=num_chains, thinning=thinning, init_state=init_state, progress=progress,
-                            chunk=chunk, desc="hlcr gibbs_blocked")
+    posterior, stats, state = run_label_chains(
+        k, problem, k_run, num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains, thinning=thinning,
+        init_state=init_state, progress=progress, chunk=chunk, desc="hlcr gibbs_blocked")
+    return {**posterior, "z": posterior["z"][..., :E]}, stats, state
 
 
 @register_method("gibbs_blocked", kind="sampler", models=("hlcr",), options={
