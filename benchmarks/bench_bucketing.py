@@ -34,7 +34,7 @@ SWEEP = [
     ("ssgp_logit", "vb", [{"n_groups": 4, "per_group": p} for p in (5, 6, 7, 8)]),
     ("ssgp_probit", "vb", [{"n_groups": 4, "per_group": p} for p in (5, 6, 7, 8)]),
     *[("hlcr", m, [{"n_agents": 4, "mean_entities": 3.0, "mean_events": 4.0}] * 4)    # pairs vary by seed
-      for m in ("vbem", "gibbs", "gibbs_blocked")],
+      for m in ("vbem", "gibbs", "gibbs_blocked", "fedgibbs", "fedvb")],
 ]
 
 

@@ -312,3 +312,45 @@ def test_hlcr_blocked_gibbs_padded_chains_follow_the_unpadded_chains_and_a_secon
     with Stopwatch() as watch:
         run(prob2, hyper2, 1)
     assert watch.xla_compiles == []
+
+
+# --------------------------------------------------------------------------------------------------
+# hlcr federated: FedHLCR Gibbs and federated VB-EM (each agent's pair slots)
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["fedgibbs", "fedvb"])
+def test_hlcr_federated_padded_slots_equal_unpadded_slots_and_a_second_size_in_the_bucket_compiles_nothing(method):
+    """Agents' pair slots padded to ``programs.bucket`` of the largest agent (the slots of smaller agents were
+    already masked): the same labels (fedgibbs; pair e's random numbers do not depend on the padding) or the same
+    responsibilities to 1e-7 (fedvb: the psi step's accept test, see above), the same objective trace to 1e-9."""
+    from inference.hlcr import federated as fed
+    from inference.hlcr import fedgibbs, fedvb
+    from zoo.hlcr import simulate
+
+    hyper = {"K": 3, "alpha": None, "beta": 1.0, "delta": 1.0, "sigma": 0.5}
+
+    def run(seed, mean_entities):
+        data, _ = simulate(seed, n_agents=5, mean_entities=mean_entities, mean_events=5.0, K=3, F=2, sigma=0.5)
+        agents = fed.split_by_agent(data)
+        if method == "fedgibbs":
+            return fedgibbs.run_federated(agents, hyper, jax.random.key(seed), max_iter=6, chunk=6)
+        return fedvb.run_federated_vb(agents, hyper, jax.random.key(seed), max_iter=6, chunk=6)
+
+    with programs.bucketing(False):
+        ref, ref_index, _ = run(0, 9.0)                # the largest agent has 15 pairs: bucket 16
+    pad, index, _ = run(0, 9.0)
+    assert index.shape[1] == programs.bucket(ref_index.shape[1]) > ref_index.shape[1]
+    valid, valid_ref = index >= 0, ref_index >= 0
+    np.testing.assert_array_equal(index[valid], ref_index[valid_ref])
+    if method == "fedgibbs":
+        np.testing.assert_array_equal(np.asarray(pad.states.z)[valid], np.asarray(ref.states.z)[valid_ref])
+        objective = "log_joint"
+    else:
+        np.testing.assert_allclose(np.asarray(pad.states.r)[valid], np.asarray(ref.states.r)[valid_ref], atol=1e-7)
+        objective = "elbo"
+    np.testing.assert_allclose(pad.history[objective], ref.history[objective], rtol=REL)
+    with Stopwatch() as watch:
+        _, other, _ = run(1, 9.0)                       # 12 pairs: bucket 16
+    assert other.shape == index.shape
+    assert watch.xla_compiles == []

@@ -122,7 +122,9 @@ def make_shards(agents, sigma: float, z_init=None, test=None) -> tuple[Shard, np
             keep = (pos < len(ents)) & (ents[np.minimum(pos, len(ents) - 1)] == te)
             tstats.append(pair_statistics(np.asarray(test[i]["X"])[keep].reshape(-1, F),
                                           np.asarray(test[i]["y"])[keep], pos[keep], len(ents)))
-    J, P, F = len(agents), max(len(s[3]) for s in stats), np.shape(agents[0]["X"])[1]
+    # P: programs.bucket of the largest agent's pairs, so data sets of similar size share the compiled rounds (a
+    # padded slot is masked out like those of the smaller agents)
+    J, P, F = len(agents), programs.bucket(max(len(s[3]) for s in stats)), np.shape(agents[0]["X"])[1]
     s2 = sigma**2
     Gs, gs = np.zeros((J, P, F, F)), np.zeros((J, P, F))
     const, mask, z0 = np.zeros((J, P)), np.zeros((J, P), bool), np.full((J, P), -1, np.int32)
