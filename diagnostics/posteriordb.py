@@ -276,8 +276,8 @@ def export_reference(tree: xr.DataTree, root: str | Path, tag: str) -> str:
         "inference": {"method": f"{IMPLEMENTATION}_{record.get('method', tree.attrs.get('method', 'nuts'))}",
                       "method_arguments": {**record.get("settings", {}), "seed": record.get("seeds", {}).get(
                           "reference", int(tree.attrs.get("seed", 0))),
-                          "thinning": f"the run thinned evenly to {references.MAX_DRAWS} stored draws"
-                                      " (divergences and E-BFMI counted over the whole run)",
+                          "thinning": f"the run thinned evenly to {references.stored_draws(record.get('settings', {}))}"
+                                      " stored draws (divergences and E-BFMI counted over the whole run)",
                           "nuts_reformulation": record.get("nuts_reformulation", "")}},
         "diagnostics": {
             "diagnostic_information": {"names": names},

@@ -13,8 +13,9 @@ machine's BLAS/LAPACK would give a re-simulation.
   it (same keys and shapes, equal indices, floats equal to ``MATCH_RTOL`` = 1e-12 relative, NaN at the same
   places): user data that went through other rounding still finds its reference, other data does not;
 * ``generate(name, data, tag)``: runs the reference fit (NUTS, or with ``method`` another exact sampler: the
-  comparison on a user's data tries the model's ``reference_samplers`` in order), validates it and stores it with
-  its record, or refuses (``UnhealthyReference``, naming each failed quantity, why, and what to try); with a
+  comparison on a user's data tries the model's ``reference_samplers`` in order), thins it evenly to its
+  ``stored_draws`` (``MAX_DRAWS`` = 4000 unless its options raise it), validates it and stores it with its
+  record, or refuses (``UnhealthyReference``, naming each failed quantity, why, and what to try); with a
   ``budget`` a run short of the standard only for want of draws is run again longer (``want_of_draws``);
 * ``verify(tree)``: recomputes a stored reference's health from its stored draws and checks its record;
 * ``check_log_density(tree)``: every site and log p(theta, y) stored at three draws per chain (``check_points``)
@@ -58,7 +59,8 @@ from zoo._registry import REAL_TAG
 from zoo._validation import validate_data
 
 REFERENCE_DIR = Path(zoo.__file__).resolve().parent / "references"
-MAX_DRAWS = 4000
+MAX_DRAWS = 4000                # the draws a reference keeps unless its options say ``stored_draws``
+STORED_DRAWS = "stored_draws"   # the reference option of how many evenly spaced draws it keeps (default MAX_DRAWS)
 DEFAULT_NUTS = {"num_warmup": 1000, "num_samples": 1000, "num_chains": 4}
 MATCH_RTOL = 1e-12
 CHECK_GROUP = "model_check"     # every site at a few draws per chain and log p(theta, y) there (check_log_density)
@@ -276,21 +278,45 @@ def compact(tree: xr.DataTree) -> xr.DataTree:
     return out
 
 
+def _thinning_option(opts: dict[str, Any]) -> dict[str, Any]:
+    """``opts`` without ``thinning`` (a reference runs unthinned and is thinned after the run, so that its
+    divergences are counted on every iteration; ``ValueError`` for one other than 1) and with ``stored_draws``
+    checked (``ValueError`` unless a positive integer)."""
+    if opts.get("thinning", 1) != 1:
+        raise ValueError(f"thinning: a reference runs unthinned and keeps {stored_draws(opts)} evenly spaced draws; "
+                         f"got thinning={opts['thinning']!r} (drop it, raise num_samples instead)")
+    opts.pop("thinning", None)
+    n = opts.get(STORED_DRAWS, MAX_DRAWS)
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"{STORED_DRAWS}: the number of draws a reference keeps must be a positive integer, got "
+                         f"{n!r}")
+    return opts
+
+
+def stored_draws(options: Mapping[str, Any]) -> int:
+    """How many evenly spaced draws (all chains) a reference run with ``options`` keeps: ``options["stored_draws"]``,
+    default ``MAX_DRAWS``. A longer reference (a Monte Carlo error of the reference well below what it judges: the
+    cost-accuracy ladders' top rungs) raises both ``num_samples`` and ``stored_draws``."""
+    return int(options.get(STORED_DRAWS, MAX_DRAWS))
+
+
+def fit_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options of a reference run that ``inference.fit`` takes: ``options`` without ``stored_draws``."""
+    return {k: v for k, v in options.items() if k != STORED_DRAWS}
+
+
 def reference_settings(name: str, **options: Any) -> dict[str, Any]:
     """The NUTS options and hyperparameters of a reference of ``name``: ``DEFAULT_NUTS`` < the NUTS options of
     ``spec.settings.reference_options`` < ``options``. Hyperparameters come from ``options`` only (unset ones are
     the model's ``Hyper`` defaults, as for ``inference.fit``): those in ``spec.settings.reference_options`` belong
     to the stored reference of the model's own data, which ``make references`` passes explicitly
-    (``ModelSpec.reference_sets``), and never reach a reference made on other data. Raises ``ValueError`` for NUTS
-    thinning (a reference is thinned after the run, so that its divergences are counted on every iteration)."""
+    (``ModelSpec.reference_sets``), and never reach a reference made on other data. ``stored_draws`` (kept in
+    the settings) says how many draws it keeps (``stored_draws``). Raises ``ValueError`` for NUTS thinning (a
+    reference is thinned after the run, so that its divergences are counted on every iteration) and for a
+    ``stored_draws`` that is not a positive integer."""
     spec = zoo.get(name)
     nuts = {k: v for k, v in spec.settings.reference_options.items() if k not in spec.hyperparameters}
-    opts = {**DEFAULT_NUTS, **nuts, **options}
-    if opts.get("thinning", 1) != 1:
-        raise ValueError(f"thinning: a reference runs unthinned and keeps {MAX_DRAWS} evenly spaced draws; got "
-                         f"thinning={opts['thinning']!r} (drop it, raise num_samples instead)")
-    opts.pop("thinning", None)
-    return opts
+    return _thinning_option({**DEFAULT_NUTS, **nuts, **options})
 
 
 def _split(spec: zoo.ModelSpec, options: Mapping[str, Any]) -> tuple[dict, dict]:
@@ -366,16 +392,12 @@ EXTEND_MIN_FACTOR = 1.5  # an extension at least multiplies the draws by this
 def sampler_settings(name: str, method: str = "nuts", **options: Any) -> dict[str, Any]:
     """The options of a reference run of ``name`` by ``method``: NUTS as ``reference_settings``; another exact
     sampler: ``options`` (its own options over its defaults, and hyperparameters: unset ones are the model's
-    ``Hyper`` defaults, as for ``reference_settings``). ``ValueError`` for thinning (a reference runs unthinned and
-    is thinned after the run)."""
+    ``Hyper`` defaults, as for ``reference_settings``), ``stored_draws`` included. ``ValueError`` for thinning (a
+    reference runs unthinned and is thinned after the run) and a ``stored_draws`` that is not a positive
+    integer."""
     if method == "nuts":
         return reference_settings(name, **options)
-    opts = dict(options)
-    if opts.get("thinning", 1) != 1:
-        raise ValueError(f"thinning: a reference runs unthinned and keeps {MAX_DRAWS} evenly spaced draws; got "
-                         f"thinning={opts['thinning']!r} (drop it, raise num_samples instead)")
-    opts.pop("thinning", None)
-    return opts
+    return _thinning_option(dict(options))
 
 
 def want_of_draws(health: dict) -> bool:
@@ -458,11 +480,12 @@ def generate(name: str, data: Mapping[str, Any] | None = None, *, tag: str = "de
 
     def run_line(o):
         if method == "nuts":
-            return f"{o['num_chains']} chains x ({o['num_warmup']} warm-up + {o['num_samples']} draws)"
+            return (f"{o['num_chains']} chains x ({o['num_warmup']} warm-up + {o['num_samples']} draws), "
+                    f"{stored_draws(o)} kept")
         return ", ".join(f"{k}={v}" for k, v in o.items() if k not in spec.hyperparameters)
 
     def fitted(m, s, o):
-        return lambda: _thin(fit(spec, data, m, seed=s, progress=progress, **o), MAX_DRAWS)
+        return lambda: _thin(fit(spec, data, m, seed=s, progress=progress, **fit_options(o)), stored_draws(o))
 
     # ---- the main run and its second seed, run again longer while short only for want of draws (budget)
     attempts, run_opts, spent = [], dict(opts), 0.0
@@ -728,8 +751,7 @@ def rerun_second_seed(tree: xr.DataTree, progress: bool | None = None) -> dict:
     record = json.loads(tree.attrs["validation"])
     spec = zoo.get(tree.attrs["model"])
     rerun = _thin(fit(spec, data_of(tree), record.get("method", "nuts"), seed=record["seeds"]["second_seed"],
-                      progress=progress,
-                      **record["settings"]), MAX_DRAWS)
+                      progress=progress, **fit_options(record["settings"])), stored_draws(record["settings"]))
     ds = compared_posterior(rerun)
     return {**agreement(compared_posterior(tree), ds), "health": mcmc_health(rerun, ds)}
 

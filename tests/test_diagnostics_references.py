@@ -43,7 +43,9 @@ def test_stored_reference_carries_its_validation_record(path: Path):
     assert {"max_rhat", "min_ess_bulk", "divergences", "reliable", "settings", "seeds", "package_versions",
             "second_seed", "crosscheck", "nuts_reformulation", "standard"} <= set(record)
     assert {"means", "mcse", "max_abs_z", "health"} <= set(record["second_seed"])
-    assert tree["posterior"].sizes["chain"] * tree["posterior"].sizes["draw"] <= references.MAX_DRAWS
+    # thinned to its stored draws: MAX_DRAWS unless its settings raise it (a longer reference, stored_draws)
+    assert tree["posterior"].sizes["chain"] * tree["posterior"].sizes["draw"] <= references.stored_draws(
+        record["settings"])
     assert path.name == f"{tree.attrs['model']}__{tree.attrs['reference_tag']}.nc"
 
 
@@ -113,6 +115,27 @@ def test_generate_store_load_and_detect_a_changed_model(toy, tmp_path, monkeypat
     zoo.register(dataclasses.replace(toy, model=changed), replace=True)
     with pytest.raises(AssertionError, match="regenerate"):
         references.check_log_density(inference.load(path))
+
+
+def test_a_longer_reference_keeps_its_stored_draws_and_is_current_only_with_them(toy, tmp_path, monkeypatch):
+    """``stored_draws`` raises what a reference keeps: 4 x 3000 draws thinned evenly to 8000 (not to MAX_DRAWS),
+    recorded in its settings, so that the same options find it current and the default ones do not; a count that
+    is not a positive integer is refused before anything runs."""
+    monkeypatch.setattr(references, "REFERENCE_DIR", tmp_path)
+    data, _ = toy.default_data()
+    opts = {"num_warmup": 300, "num_samples": 3000, "num_chains": 4, "stored_draws": 8000}
+    tree = references.generate("dq_normal", data, seed=3, **opts)
+    assert (tree["posterior"].sizes["chain"], tree["posterior"].sizes["draw"]) == (4, 2000)
+    stored = inference.load(tmp_path / "dq_normal__default.nc")
+    assert json.loads(stored.attrs["validation"])["settings"]["stored_draws"] == 8000
+    assert references.verify(stored) == []
+    assert references.is_current("dq_normal", "default", data, opts) is None
+    assert references.is_current("dq_normal", "default", data, {**opts, "stored_draws": 4000}) == \
+        "its settings changed"
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="stored_draws"):
+            references.generate("dq_normal", data, seed=3, **{**opts, "stored_draws": bad})
+    assert not references.work_dir("dq_normal", "default").exists()   # refused before any run
 
 
 def _last_bits(a: np.ndarray, ulps: int, rng: np.random.Generator) -> np.ndarray:

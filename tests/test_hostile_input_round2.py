@@ -526,21 +526,24 @@ def test_08_the_estimate_holds_at_least_the_fitted_tree(model, method, hlcr_tree
 
 
 def _legitimate_settings(real: bool):
-    """(model, data, method, options) of every stored reference (its NUTS options and its exact samplers', 4
-    chains of up to 100,000 draws) and every method's demo options, on the simulated default data, or (``real``)
-    on each real dataset of the demo."""
+    """(model, data, method, options) of every stored reference (its NUTS options, the longer ones of a default
+    data's reference that raises them, and its exact samplers', 4 chains of up to 100,000 draws) and every method's
+    demo options, on the simulated default data, or (``real``) on each real dataset of the demo."""
     from test_hostile_input import ALL_MODELS
+
+    from diagnostics.references import fit_options
 
     for name in ALL_MODELS:
         spec = zoo.get(name)
         settings = spec.settings
+        own = (settings.reference_datasets() if settings.reference_datasets else {}).get("default")
         sets = spec.reference_sets() if real else {"default": (spec.default_data()[0],
-                                                               dict(settings.reference_options))}
+                                                               dict(own[1] if own else settings.reference_options))}
         for tag, (data, options) in sets.items():
             if real != tag.startswith("real_"):
                 continue
             hyper = {k: v for k, v in options.items() if k in spec.hyperparameters}
-            yield name, data, "nuts", options
+            yield name, data, "nuts", fit_options(options)
             for method, extra in [*settings.reference_samplers, *filter(None, [settings.reference_crosscheck])]:
                 if method != "nuts":
                     yield name, data, method, {**hyper, **extra}

@@ -154,7 +154,9 @@ class ZooSettings:
         made on other data takes only its NUTS options (``diagnostics.references.reference_settings``).
     reference_datasets:
         ``() -> {tag: (data, options)}``: every stored reference ``make references`` regenerates
-        (default: tag ``"default"`` on ``ModelSpec.default_data()`` with ``reference_options``).
+        (default: tag ``"default"`` on ``ModelSpec.default_data()`` with ``reference_options``); its options may
+        make one longer than ``reference_options`` (``num_samples`` and ``stored_draws``, the draws it keeps:
+        ``diagnostics.references.stored_draws``).
     reference_crosscheck:
         ``(method, options)`` of a second exact sampler (a collapsed Gibbs kernel) that ``make references``
         runs on the reference data to validate the NUTS reference where NUTS may not mix (label switching,
