@@ -258,16 +258,48 @@ class ProgramLog:
     the same name just before it); op counts from the modules XLA dumps before optimising them (``XLA_FLAGS``
     ``--xla_dump_to=DIR --xla_dump_hlo_as_text``, set by the parent before JAX starts), matched in order by name.
     A program loaded from the persistent cache has no dump (ops None). ``take()`` returns the programs since the
-    last ``take`` and the union of all compile spans (tracing, lowering, XLA) in seconds."""
+    last ``take``, the union of all compile spans (tracing, lowering, XLA) in seconds, and the CPU seconds of this
+    process (user and system, all its threads) inside the outermost of those spans (``cpu_seconds``): on a
+    machine other processes load, wall seconds grow with the load, CPU seconds much less."""
 
     def __init__(self, dump: str | None) -> None:
         import jax
         from jax.extend.core import Primitive
 
-        self.dump, self.seen, self.spans, self.hits = dump, set(), [], 0
+        self.dump, self.seen, self.spans, self.hits, self.cpu = dump, set(), [], 0, 0.0
         self._primitive = Primitive
         jax.monitoring.register_event_time_span_listener(self._span)
         jax.monitoring.register_event_listener(self._event)
+        self._time_cpu()
+
+    def _time_cpu(self) -> None:
+        """Wrap JAX's timer of its compile spans (``dispatch.log_elapsed_time``, private: where it is missing the
+        CPU seconds stay 0) to add the process's CPU seconds of each outermost span to ``self.cpu``."""
+        import resource
+
+        from jax._src import dispatch
+
+        timer = getattr(dispatch, "LogElapsedTimeContextManager", None)
+        if timer is None or getattr(timer, "_bench_cpu", False):
+            return
+        enter, leave, open_at, log = timer.__enter__, timer.__exit__, [], self
+
+        def cpu() -> float:
+            r = resource.getrusage(resource.RUSAGE_SELF)
+            return r.ru_utime + r.ru_stime
+
+        def timed_enter(this):
+            open_at.append(cpu())
+            return enter(this)
+
+        def timed_exit(this, *exc):
+            out = leave(this, *exc)
+            start = open_at.pop()
+            if not open_at:
+                log.cpu += cpu() - start
+            return out
+
+        timer.__enter__, timer.__exit__, timer._bench_cpu = timed_enter, timed_exit, True
 
     def _span(self, event: str, start: float, end: float, **kw) -> None:
         if event.startswith("/jax/core/compile/"):
@@ -315,12 +347,13 @@ class ProgramLog:
             if end > last:
                 total += end - max(start, last)
                 last = end
-        return programs, round(total, 3)
+        cpu, self.cpu = self.cpu, 0.0
+        return programs, round(total, 3), round(cpu, 3)
 
 
-def _summary(programs: list[dict], compile_s: float, wall: float, **extra) -> dict:
-    return {"wall_s": round(wall, 3), "compile_s": compile_s, "programs": len(programs),
-            "eager": sum(p["eager"] for p in programs), "program_list": programs, **extra}
+def _summary(programs: list[dict], compile_s: float, compile_cpu_s: float, wall: float, **extra) -> dict:
+    return {"wall_s": round(wall, 3), "compile_s": compile_s, "compile_cpu_s": compile_cpu_s,
+            "programs": len(programs), "eager": sum(p["eager"] for p in programs), "program_list": programs, **extra}
 
 
 def _load(data_path: str):
@@ -493,7 +526,7 @@ def child_nuts(log: ProgramLog, side: str, model: str, data_path: str, cap: int,
             wall = time.perf_counter() - start
             out[label] = _summary(*log.take(), wall, sampling_compile_s=round(tree.attrs["compile_seconds"], 3),
                                   reformulation=str(tree.attrs.get("nuts_reformulation", "")))
-        return out
+        return {**out, "cap": cap}
     ctx = inference.prepare(model, data, "nuts", seed=0, **options).context
     o, kwargs = ctx.options, ctx.model_kwargs
     reform = spec.nuts_reformulation
@@ -517,7 +550,7 @@ def child_nuts(log: ProgramLog, side: str, model: str, data_path: str, cap: int,
         wall = time.perf_counter() - start
         out[label] = _summary(*log.take(), wall, reformulation=reform.name if reform else "",
                               chain_method=method)
-    return out
+    return {**out, "cap": cap}
 
 
 def child_main(argv: list[str]) -> None:
@@ -616,8 +649,8 @@ def run_tasks(tasks: list[tuple[str, str, list[str], float]], path: Path, jobs: 
 
     def one(pair: str, task: str, args: list[str], timeout: float) -> dict:
         t0 = time.time()
-        got = _spawn(task, args, timeout, hlo)
-        return {"pair": pair, "task": task, "seconds": round(time.time() - t0, 1), **got}
+        got = _spawn(task.split("#")[0], args, timeout, hlo)   # "ours#2": the task "ours", its third run
+        return {"pair": pair, "task": task, "seconds": round(time.time() - t0, 1), "code": _code(), **got}
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = [pool.submit(one, *t) for t in todo]
@@ -631,6 +664,16 @@ def run_tasks(tasks: list[tuple[str, str, list[str], float]], path: Path, jobs: 
             print(f"[{n}/{len(todo)} {elapsed:5.0f} s, ~{eta:.0f} s left] {row['pair']} {row['task']}: "
                   f"{_brief(row)}", flush=True)
     return done
+
+
+def _code() -> str:
+    """The commit of this tree, ``+`` where its tracked files differ from it."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + ("+" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def _brief(row: dict) -> str:
@@ -709,29 +752,64 @@ def cold_demo_rows(rows: dict, pairs: list[tuple[str, str]]) -> list[dict]:
     return out
 
 
+def _runs(rows: dict, model: str, side: str) -> list[dict]:
+    """Every run of one side for one model, in the order of their repetition (``side``, ``side#1``, ...)."""
+    found = [(int(t.partition("#")[2] or 0), r) for (m, t), r in rows.items() if m == model and t.split("#")[0] == side]
+    return [r for _, r in sorted(found, key=lambda x: x[0])]
+
+
+def _spread(values: list[float]) -> str:
+    """``median [min-max]`` (the median alone for one value)."""
+    import statistics
+
+    med = statistics.median(values)
+    return f"{med:.2f}" + (f" [{min(values):.2f}-{max(values):.2f}]" if len(values) > 1 else "")
+
+
+def _pair_ratio(pairs: list[tuple[dict, dict]], key_a: str, key_b: str) -> str:
+    """``_spread`` of ``ours[key_a] / numpyro[key_b]`` over the pairs' first runs."""
+    return _spread([a["first"].get(key_a, 0.0) / max(b["first"].get(key_b, 0.0), 1e-9) for a, b in pairs])
+
+
 def nuts_rows(rows: dict, models: list[str]) -> list[dict]:
+    """One row per model: medians over the runs of each side, the ratios of the pairs run back to back (``ours#k``
+    beside ``numpyro#k``) with their range."""
+    import functools
+    import statistics
+
     out = []
     for model in models:
-        ours, theirs = rows.get((model, "ours"), {}), rows.get((model, "numpyro"), {})
+        ours = [r for r in _runs(rows, model, "ours") if "first" in r]
+        theirs = [r for r in _runs(rows, model, "numpyro") if "first" in r]
         row = {"model": model}
-        if "first" not in ours or "first" not in theirs:
-            row["error"] = "; ".join(f"{s}: {r.get('error', 'not run')[:100]}" for s, r in
-                                     (("ours", ours), ("numpyro", theirs)) if "first" not in r)
+        if not ours or not theirs:
+            bad = [r for r in _runs(rows, model, "ours") + _runs(rows, model, "numpyro") if "error" in r]
+            row["error"] = "; ".join(f"{r['task']}: {r['error'][:100]}" for r in bad) or "not run"
             out.append(row)
             continue
-        a, b = ours["first"], theirs["first"]
+        pairs = list(zip(ours, theirs, strict=False))
+        a, b = ours[0]["first"], theirs[0]["first"]
+        med = lambda runs, key: statistics.median(r["first"].get(key, 0.0) for r in runs)  # noqa: E731
+        ratio = functools.partial(_pair_ratio, pairs)
+        cpu = all(r["first"].get("compile_cpu_s") for r in ours + theirs)
         row.update({
             "sampled": a["reformulation"] or "the model", "chain method": b["chain_method"],
-            "ours: sampling compile s": f"{a['sampling_compile_s']:.2f}", "ours: fit compile s (tree too)":
-            f"{a['compile_s']:.2f}", "NumPyro MCMC.run compile s": f"{b['compile_s']:.2f}",
-            "ours sampling / NumPyro": f"{a['sampling_compile_s'] / max(b['compile_s'], 1e-9):.2f}",
-            "ours fit / NumPyro": f"{a['compile_s'] / max(b['compile_s'], 1e-9):.2f}",
+            "runs (pairs)": f"{len(pairs)}", "code": ", ".join(sorted({r.get("code", "?") for r in ours})),
+            "iterations (warm-up, kept) at most": str(ours[0].get("cap", NUTS_CAP)),
+            "ours: sampling compile s": f"{med(ours, 'sampling_compile_s'):.2f}",
+            "ours: fit compile s (tree too)": f"{med(ours, 'compile_s'):.2f}",
+            "NumPyro MCMC.run compile s": f"{med(theirs, 'compile_s'):.2f}",
+            "ours sampling / NumPyro": ratio("sampling_compile_s", "compile_s"),
+            "ours fit / NumPyro": ratio("compile_s", "compile_s"),
+            "compile CPU s: ours fit, NumPyro": (f"{med(ours, 'compile_cpu_s'):.2f}, {med(theirs, 'compile_cpu_s'):.2f}"
+                                                 if cpu else "-"),
+            "CPU: ours fit / NumPyro": ratio("compile_cpu_s", "compile_cpu_s") if cpu else "-",
             "programs (eager): ours, NumPyro": f"{a['programs']} ({a['eager']}), {b['programs']} ({b['eager']})",
             "largest program: ours, NumPyro": " ; ".join(_programs_cell(s["program_list"], 1).split("; ")[0]
                                                          for s in (a, b)),
-            "2nd run compile s: ours, NumPyro": f"{ours['second']['compile_s']:.2f}, "
-                                                f"{theirs['second']['compile_s']:.2f}",
-            "first wall s: ours, NumPyro": f"{a['wall_s']:.1f}, {b['wall_s']:.1f}"})
+            "2nd run compile s: ours, NumPyro": f"{statistics.median(r['second']['compile_s'] for r in ours):.2f}, "
+                                                f"{statistics.median(r['second']['compile_s'] for r in theirs):.2f}",
+            "first wall s: ours, NumPyro": f"{med(ours, 'wall_s'):.1f}, {med(theirs, 'wall_s'):.1f}"})
         out.append(row)
     return out
 
@@ -754,7 +832,13 @@ NUTS_NOTE = ("One fresh process per side, an empty persistent compilation cache 
              "stage), fit compile: the whole fit's (the tree's log densities too). NumPyro: `MCMC(NUTS(model), "
              "...).run(key, **data)` with the same model (the spec's NUTS reformulation where ours samples it), "
              "kernel settings, chains, chain method, extra fields and iterations, NumPyro's defaults otherwise. "
-             "Compile seconds: the union of JAX's compile spans inside the call, the same measure on both sides. "
+             "Compile seconds: the union of JAX's compile spans inside the call, the same measure on both sides; "
+             "compile CPU s: the process's CPU seconds inside those spans (less inflated by a loaded machine). "
+             "Runs: each side run that many times, the two sides of a run back to back, ours first in even runs, "
+             "NumPyro first in odd ones; seconds are medians over the runs, ratios the median [range] of the "
+             "runs' ratios. ours sampled: ours maps the reformulation's draws back to the model's sites "
+             "(`to_sites`, a program of its own, in the sampling compile) and evaluates the log densities; "
+             "NumPyro's MCMC.run does neither. "
              "2nd run: seed 1 (ours: a second fit; NumPyro: `run` again on the same MCMC).")
 
 
@@ -771,6 +855,7 @@ def cli(argv: list[str]) -> int:
     p.add_argument("--jobs", type=int, default=1, help="child processes at a time")
     p.add_argument("--size", choices=("demo", "tiny"), default="demo", help="tiny: check the code quickly")
     p.add_argument("--cap", type=int, default=NUTS_CAP, help="nuts: num_warmup and num_samples at most")
+    p.add_argument("--repeat", type=int, default=1, help="nuts: runs of each side per model, in alternating order")
     p.add_argument("--timeout", type=float, default=600, help="seconds per child process")
     p.add_argument("--no-hlo", action="store_true", help="no XLA dump (op counts '?'), to see what dumping costs")
     p.add_argument("--fresh", action="store_true", help="discard earlier results of this mode")
@@ -780,7 +865,8 @@ def cli(argv: list[str]) -> int:
     a = p.parse_args(argv)
     only = [s for s in a.only.split(",") if s]
     suffix = "" if a.size == "demo" else "-tiny"
-    paths = {"cold-demo": a.out / f"cold-demo{suffix}.jsonl", "nuts": a.out / f"nuts{suffix}.jsonl"}
+    paths = {"cold-demo": a.out / f"cold-demo{suffix}.jsonl", "nuts": a.out / f"nuts{suffix}.jsonl",
+             "nuts-before": a.out / f"nuts-before{suffix}.jsonl"}
     started = time.time()
     if a.mode in paths and a.fresh:
         paths[a.mode].unlink(missing_ok=True)
@@ -791,8 +877,10 @@ def cli(argv: list[str]) -> int:
         run_tasks(tasks, paths[a.mode], a.jobs, not a.no_hlo)
     elif a.mode == "nuts":
         models = [m for m, _ in _pairs(only, ("nuts",))]
-        tasks = [(m, side, [m, _data_file(m, a.size, a.out), str(a.cap), a.size], a.timeout)
-                 for m in models for side in ("ours", "numpyro")]
+        # run k of every model, the two sides back to back, ours first in even runs, NumPyro first in odd ones
+        tasks = [(m, side + (f"#{k}" if k else ""), [m, _data_file(m, a.size, a.out), str(a.cap), a.size], a.timeout)
+                 for k in range(a.repeat) for m in models
+                 for side in (("ours", "numpyro") if k % 2 == 0 else ("numpyro", "ours"))]
         run_tasks(tasks, paths[a.mode], a.jobs, not a.no_hlo)
     if a.mode == "report" or a.write:
         report(paths, only, a.cap, write=a.write and a.size == "demo")
@@ -808,6 +896,7 @@ def report(paths: dict[str, Path], only: list[str], cap: int, write: bool = True
 
     h = Harness()
     cold, nuts = _read_jsonl(paths["cold-demo"]), _read_jsonl(paths["nuts"])
+    before = _read_jsonl(paths["nuts-before"]) if "nuts-before" in paths else {}
 
     def said(rows: dict) -> str:
         flags = sorted({r.get("xla_flags", "") for r in rows.values() if "error" not in r})
@@ -819,9 +908,13 @@ def report(paths: dict[str, Path], only: list[str], cap: int, write: bool = True
                 "the floor", cold_demo_rows(cold, _pairs(only, ("kernel", "svi"))), note=COLD_NOTE + said(cold))
     if nuts:
         h.start("compile_nuts")
-        h.table(f"NUTS beside NumPyro's own MCMC.run: compile seconds, same model, data and settings "
-                f"(iterations capped at {cap})", nuts_rows(nuts, [m for m, _ in _pairs(only, ("nuts",))]),
-                note=NUTS_NOTE + said(nuts))
+        h.table("NUTS beside NumPyro's own MCMC.run: compile seconds, same model, data and settings",
+                nuts_rows(nuts, [m for m, _ in _pairs(only, ("nuts",))]), note=NUTS_NOTE + said(nuts))
+        if before:
+            h.table("The same before this session's change of the sampling program (one run per side; no CPU "
+                    "seconds measured then)", nuts_rows(before, [m for m, _ in _pairs(only, ("nuts",))]),
+                    note="build/bench_compile/nuts-before.jsonl: runs of the code named in the code column ('?': "
+                         "aa6d22b, an earlier session's run).")
     if write and (cold or nuts):
         h.write()
 

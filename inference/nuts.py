@@ -153,11 +153,16 @@ def _sampling_program(model, static: tuple, settings: tuple) -> SamplingProgram:
     def collect(nuts, state, arrays):
         return nuts.postprocess_fn((), arrays)(state.z), {f: operator.attrgetter(f)(state) for f in EXTRA_FIELDS}
 
-    def one_chain(carry, key, arrays, budget, fresh):
+    # one chain's start and draw as jitted functions kept with the program: their shapes (``start_shapes``, the
+    # buffer's) and their use inside the program share one trace (JAX keeps a jitted function's jaxpr per
+    # argument types), where calling the Python functions again traced NumPyro's initialisation three times
+    nuts = kernel()
+    start_one = jax.jit(lambda key, arrays: start(nuts, key, arrays))
+    collect_one = jax.jit(lambda state, arrays: collect(nuts, state, arrays))
+
+    def one_chain(carry, arrays, budget):
         thinning, total, t0, limit = budget
-        nuts = kernel()
-        carry = jax.lax.cond(fresh, lambda: start(nuts, key, arrays), lambda: carry)
-        shapes = jax.eval_shape(lambda s: collect(nuts, s, arrays), carry[0])
+        shapes = jax.eval_shape(collect_one, carry[0], arrays)
         rows = loop._buffer_rows(shapes, num_chains)
         buffer = loop.empty_buffer(shapes, rows)
         end = jnp.minimum(total, t0 + limit)
@@ -172,7 +177,7 @@ def _sampling_program(model, static: tuple, settings: tuple) -> SamplingProgram:
             kept = loop.is_kept(t, num_warmup, thinning)
             # row j is written at every transition (in place: a buffer chosen by a cond would be copied) and
             # kept where j moves on; the draw is constrained only where kept
-            draw = jax.lax.cond(kept, lambda: collect(nuts, hmc, arrays),
+            draw = jax.lax.cond(kept, lambda: collect_one(hmc, arrays),
                                 lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
             buffer = jax.tree.map(lambda b, x: jax.lax.dynamic_update_index_in_dim(b, x, j, 0), buffer, draw)
             return t + 1, j + kept.astype(jnp.int32), (hmc, ok), buffer
@@ -181,22 +186,28 @@ def _sampling_program(model, static: tuple, settings: tuple) -> SamplingProgram:
         return loop.strongly_typed(carry), buffer, t, j
 
     def chain_shapes(key, arrays):
-        return jax.eval_shape(lambda k, a: start(kernel(), k, a), key, arrays)
+        return jax.eval_shape(start_one, key, arrays)
+
+    def every_start(keys, arrays):
+        if num_chains == 1:
+            return jax.tree.map(lambda a: a[None], start_one(keys[0], arrays))
+        return jax.lax.map(lambda k: start_one(k, arrays), keys)
 
     def run(carry, key_words, arrays, budget, fresh):
         keys = jax.random.wrap_key_data(key_words)
         carry = _keys_of(carry, chain_shapes(keys[0], arrays))
+        carry = jax.lax.cond(fresh, lambda: every_start(keys, arrays), lambda: carry)
         if num_chains == 1:
-            out = one_chain(jax.tree.map(lambda a: a[0], carry), keys[0], arrays, budget, fresh)
+            out = one_chain(jax.tree.map(lambda a: a[0], carry), arrays, budget)
             out = jax.tree.map(lambda a: a[None], out)
         else:
-            mapped = (0, 0, None, None, None)
+            mapped = (0, None, None)
             if method == "parallel":
-                out = jax.pmap(one_chain, in_axes=mapped)(carry, keys, arrays, budget, fresh)
+                out = jax.pmap(one_chain, in_axes=mapped)(carry, arrays, budget)
             elif method == "vectorized":
-                out = jax.vmap(one_chain, in_axes=mapped)(carry, keys, arrays, budget, fresh)
+                out = jax.vmap(one_chain, in_axes=mapped)(carry, arrays, budget)
             else:
-                out = jax.lax.map(lambda c: one_chain(c[0], c[1], arrays, budget, fresh), (carry, keys))
+                out = jax.lax.map(lambda c: one_chain(c, arrays, budget), carry)
         return (_words_of(out[0]), *out[1:])
 
     shapes: dict = {}
@@ -204,9 +215,9 @@ def _sampling_program(model, static: tuple, settings: tuple) -> SamplingProgram:
     def start_shapes(key_words, arrays):
         key = loop._shape_key((key_words, arrays))
         if key not in shapes:
-            every = jax.vmap(lambda k, a: start(kernel(), k, a), in_axes=(0, None))
-            shapes[key] = jax.eval_shape(lambda w, a: _words_of(every(jax.random.wrap_key_data(w), a)), key_words,
-                                         arrays)
+            one = jax.eval_shape(lambda w, a: chain_shapes(jax.random.wrap_key_data(w), a), key_words[0], arrays)
+            words = jax.eval_shape(_words_of, one)
+            shapes[key] = jax.tree.map(lambda s: jax.ShapeDtypeStruct((len(key_words), *s.shape), s.dtype), words)
         return shapes[key]
 
     return SamplingProgram(method, jax.jit(run), start_shapes)
