@@ -153,15 +153,17 @@ def _sampling_program(model, static: tuple, settings: tuple) -> SamplingProgram:
     def collect(nuts, state, arrays):
         return nuts.postprocess_fn((), arrays)(state.z), {f: operator.attrgetter(f)(state) for f in EXTRA_FIELDS}
 
-    # one chain's start and draw as jitted functions kept with the program: their shapes (``start_shapes``, the
-    # buffer's) and their use inside the program share one trace (JAX keeps a jitted function's jaxpr per
-    # argument types), where calling the Python functions again traced NumPyro's initialisation three times
+    # one kernel, and one chain's start and draw as jitted functions kept with the program: their shapes
+    # (``start_shapes``, the buffer's) and their use inside the program share one trace (JAX keeps a jitted
+    # function's jaxpr per argument types; ``NUTS.init`` sets the kernel up once, as ``MCMC`` relies on), where
+    # calling the Python functions again traced NumPyro's initialisation three times per program
     nuts = kernel()
     start_one = jax.jit(lambda key, arrays: start(nuts, key, arrays))
     collect_one = jax.jit(lambda state, arrays: collect(nuts, state, arrays))
 
-    def one_chain(carry, arrays, budget):
+    def one_chain(carry, key, arrays, budget, fresh):
         thinning, total, t0, limit = budget
+        carry = jax.lax.cond(fresh, lambda: start_one(key, arrays), lambda: carry)
         shapes = jax.eval_shape(collect_one, carry[0], arrays)
         rows = loop._buffer_rows(shapes, num_chains)
         buffer = loop.empty_buffer(shapes, rows)
@@ -185,29 +187,31 @@ def _sampling_program(model, static: tuple, settings: tuple) -> SamplingProgram:
         t, j, carry, buffer = jax.lax.while_loop(go_on, body, (t0, jnp.asarray(0, jnp.int32), carry, buffer))
         return loop.strongly_typed(carry), buffer, t, j
 
-    def chain_shapes(key, arrays):
-        return jax.eval_shape(start_one, key, arrays)
-
     def every_start(keys, arrays):
+        # every chain's start mapped as ``run`` maps the chains, so that its trace is the one ``one_chain`` meets
+        # (under pmap every value's type names the device mesh, and a jitted function is retraced for new types)
         if num_chains == 1:
             return jax.tree.map(lambda a: a[None], start_one(keys[0], arrays))
+        if method == "parallel":
+            return jax.pmap(start_one, in_axes=(0, None))(keys, arrays)
+        if method == "vectorized":
+            return jax.vmap(start_one, in_axes=(0, None))(keys, arrays)
         return jax.lax.map(lambda k: start_one(k, arrays), keys)
 
     def run(carry, key_words, arrays, budget, fresh):
         keys = jax.random.wrap_key_data(key_words)
-        carry = _keys_of(carry, chain_shapes(keys[0], arrays))
-        carry = jax.lax.cond(fresh, lambda: every_start(keys, arrays), lambda: carry)
+        carry = _keys_of(carry, jax.eval_shape(every_start, keys, arrays))
         if num_chains == 1:
-            out = one_chain(jax.tree.map(lambda a: a[0], carry), arrays, budget)
+            out = one_chain(jax.tree.map(lambda a: a[0], carry), keys[0], arrays, budget, fresh)
             out = jax.tree.map(lambda a: a[None], out)
         else:
-            mapped = (0, None, None)
+            mapped = (0, 0, None, None, None)
             if method == "parallel":
-                out = jax.pmap(one_chain, in_axes=mapped)(carry, arrays, budget)
+                out = jax.pmap(one_chain, in_axes=mapped)(carry, keys, arrays, budget, fresh)
             elif method == "vectorized":
-                out = jax.vmap(one_chain, in_axes=mapped)(carry, arrays, budget)
+                out = jax.vmap(one_chain, in_axes=mapped)(carry, keys, arrays, budget, fresh)
             else:
-                out = jax.lax.map(lambda c: one_chain(c, arrays, budget), carry)
+                out = jax.lax.map(lambda c: one_chain(c[0], c[1], arrays, budget, fresh), (carry, keys))
         return (_words_of(out[0]), *out[1:])
 
     shapes: dict = {}
@@ -215,9 +219,8 @@ def _sampling_program(model, static: tuple, settings: tuple) -> SamplingProgram:
     def start_shapes(key_words, arrays):
         key = loop._shape_key((key_words, arrays))
         if key not in shapes:
-            one = jax.eval_shape(lambda w, a: chain_shapes(jax.random.wrap_key_data(w), a), key_words[0], arrays)
-            words = jax.eval_shape(_words_of, one)
-            shapes[key] = jax.tree.map(lambda s: jax.ShapeDtypeStruct((len(key_words), *s.shape), s.dtype), words)
+            shapes[key] = jax.eval_shape(lambda w, a: _words_of(every_start(jax.random.wrap_key_data(w), a)),
+                                         key_words, arrays)
         return shapes[key]
 
     return SamplingProgram(method, jax.jit(run), start_shapes)
