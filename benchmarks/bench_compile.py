@@ -23,7 +23,9 @@ per finished child, so an interrupted run resumes where it stopped; ``--jobs 2``
   wall (tree included), a second fit with another seed; and its floor, one step of the kernel compiled alone in
   another fresh process (``child_floor``);
 * ``python -m benchmarks.bench_compile nuts``: our NUTS fit beside NumPyro's own ``MCMC.run`` on the same model,
-  data and settings, one fresh process per side (``child_nuts``);
+  data and settings, one fresh process per side (``child_nuts``), wall and CPU seconds of compilation; ``--repeat
+  n`` runs each pair n times, in alternating order, and reports medians and the range of the pairs' ratios
+  (``build/bench_compile/nuts-before.jsonl``, where present, is reported beside as the code before a change);
 * ``python -m benchmarks.bench_compile report --write``: their tables into results.md, sections ``compile_cold``
   and ``compile_nuts``.
 """
@@ -771,6 +773,11 @@ def _pair_ratio(pairs: list[tuple[dict, dict]], key_a: str, key_b: str) -> str:
     return _spread([a["first"].get(key_a, 0.0) / max(b["first"].get(key_b, 0.0), 1e-9) for a, b in pairs])
 
 
+def _mapping_seconds(run: dict) -> float:
+    """Lowering and XLA seconds of the program that maps a reformulation's draws to the model's sites."""
+    return sum(p["xla_s"] + p["lower_s"] for p in run["program_list"] if p["name"] == "to_sites")
+
+
 def nuts_rows(rows: dict, models: list[str]) -> list[dict]:
     """One row per model: medians over the runs of each side, the ratios of the pairs run back to back (``ours#k``
     beside ``numpyro#k``) with their range."""
@@ -792,6 +799,7 @@ def nuts_rows(rows: dict, models: list[str]) -> list[dict]:
         med = lambda runs, key: statistics.median(r["first"].get(key, 0.0) for r in runs)  # noqa: E731
         ratio = functools.partial(_pair_ratio, pairs)
         cpu = all(r["first"].get("compile_cpu_s") for r in ours + theirs)
+        mapping = statistics.median(_mapping_seconds(r["first"]) for r in ours)
         row.update({
             "sampled": a["reformulation"] or "the model", "chain method": b["chain_method"],
             "runs (pairs)": f"{len(pairs)}", "code": ", ".join(sorted({r.get("code", "?") for r in ours})),
@@ -804,6 +812,10 @@ def nuts_rows(rows: dict, models: list[str]) -> list[dict]:
             "compile CPU s: ours fit, NumPyro": (f"{med(ours, 'compile_cpu_s'):.2f}, {med(theirs, 'compile_cpu_s'):.2f}"
                                                  if cpu else "-"),
             "CPU: ours fit / NumPyro": ratio("compile_cpu_s", "compile_cpu_s") if cpu else "-",
+            "ours: to_sites program s (lowering + XLA)": f"{mapping:.2f}" if mapping else "-",
+            "ours fit less to_sites / NumPyro": _spread([(x["first"]["compile_s"] - _mapping_seconds(x["first"]))
+                                                         / max(y["first"]["compile_s"], 1e-9) for x, y in pairs])
+            if mapping else "-",
             "programs (eager): ours, NumPyro": f"{a['programs']} ({a['eager']}), {b['programs']} ({b['eager']})",
             "largest program: ours, NumPyro": " ; ".join(_programs_cell(s["program_list"], 1).split("; ")[0]
                                                          for s in (a, b)),
@@ -913,8 +925,7 @@ def report(paths: dict[str, Path], only: list[str], cap: int, write: bool = True
         if before:
             h.table("The same before this session's change of the sampling program (one run per side; no CPU "
                     "seconds measured then)", nuts_rows(before, [m for m, _ in _pairs(only, ("nuts",))]),
-                    note="build/bench_compile/nuts-before.jsonl: runs of the code named in the code column ('?': "
-                         "aa6d22b, an earlier session's run).")
+                    note="build/bench_compile/nuts-before.jsonl: runs of the code named in the code column.")
     if write and (cold or nuts):
         h.write()
 
