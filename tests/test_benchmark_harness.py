@@ -98,7 +98,8 @@ print(json.dumps(log.take()))
 
 def test_program_log_names_each_program_with_its_xla_seconds_and_hlo_ops(tmp_path):
     """``bench_compile.ProgramLog`` in a fresh process with XLA's dump on: ``sin(x) @ x`` is one program of
-    three HLO instructions (the parameter, sine, dot: counted by hand), the eager add another, marked eager."""
+    three HLO instructions (the parameter, sine, dot: counted by hand), the eager add another, marked eager; the
+    CPU seconds of the compile spans are counted."""
     import json
     import subprocess
     import sys
@@ -110,10 +111,11 @@ def test_program_log_names_each_program_with_its_xla_seconds_and_hlo_ops(tmp_pat
     done = subprocess.run([sys.executable, "-c", PROGRAM_LOG_CHILD, str(dump)], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    programs, compile_s = json.loads(done.stdout.strip().splitlines()[-1])
+    programs, compile_s, compile_cpu_s = json.loads(done.stdout.strip().splitlines()[-1])
     ours = [p for p in programs if not p["eager"]]
     assert [(p["name"], p["hlo_ops"]) for p in ours] == [("f", 3)]
     assert ours[0]["xla_s"] > 0 and compile_s >= ours[0]["xla_s"]
+    assert compile_cpu_s > 0   # the process's CPU seconds inside those spans: compiling costs some
     assert any(p["eager"] and p["name"] == "add" for p in programs)
 
 
