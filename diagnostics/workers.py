@@ -16,7 +16,8 @@ Why processes and not threads: a fit holds the GIL while JAX traces and compiles
 The workers are *spawned* (a forked JAX runtime is unsafe) and share the persistent compilation cache
 (``BAYES_ZOO_JAX_CACHE``, inherited from the environment) and the device choice (``JAX_PLATFORMS``).
 
-Each worker gets its share of the cores, not the whole machine (``worker_xla_flags``): a process alone asks XLA for
+Each worker gets its share of the cores, not the whole machine (``worker_xla_flags``, ``BLAS_THREADS``): a process
+alone asks XLA for
 2 host devices, so that NUTS runs its 2 chains in parallel, and XLA's CPU runtime spreads each program over every
 core. Two such workers on 2 cores would run 4 chains' threads on 2 cores, and the two binary ssgp NUTS fits side
 by side then took 6 times as long as one alone (benchmarks/results.md, compile_cold). So with ``workers`` at least
@@ -122,6 +123,8 @@ def demo_jobs(plan: Sequence[tuple[str, Sequence[str], Sequence[tuple[str, Seque
 
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 SINGLE_THREAD_FLAG = "--xla_cpu_multi_thread_eigen=false"
+# the host BLAS/OpenMP pools NumPy and SciPy use for the scoring (one thread a worker, unless the user set one)
+BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 _LONE_PROCESS_DEVICES = 2                      # zoo._runtime's host devices for a process alone
 
 
@@ -173,7 +176,8 @@ def worker_setup() -> tuple[dict[str, Any], int]:
     import jax
 
     return {"backend": jax.default_backend(), "devices": jax.local_device_count(),
-            "xla_flags": os.environ.get("XLA_FLAGS", "")}, os.getpid()
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            **{name: os.environ.get(name) for name in BLAS_THREADS}}, os.getpid()
 
 
 def fit_job(job: FitJob, out: str | os.PathLike, seed: int, fresh: bool, log: Log = _say) -> tuple[float, int]:
@@ -250,15 +254,19 @@ def _check_calls(calls: Sequence[Call]) -> None:
 class WorkerPool:
     """``workers`` spawned processes (``with WorkerPool(n, log) as pool``) that run module-level functions
     (``pool.run``), each worker's log lines passed to ``log`` as they come. Each worker starts with
-    ``worker_xla_flags`` (its share of the cores): the calling process's ``XLA_FLAGS`` are set to them while the
-    pool is open (the workers are spawned as calls need them) and restored when it closes."""
+    ``worker_xla_flags`` (its share of the cores), and with at least as many workers as cores one thread for
+    NumPy's BLAS too (``BLAS_THREADS``, where the user set none): the calling process's environment holds them
+    while the pool is open (the workers are spawned as calls need them) and is restored when it closes."""
 
     def __init__(self, workers: int, log: Log = print):
         self.workers, self.log = check_workers(workers), log
 
     def __enter__(self) -> WorkerPool:
-        self._flags = os.environ.get("XLA_FLAGS")
-        os.environ["XLA_FLAGS"] = worker_xla_flags(self._flags or "", self.workers)
+        self._saved = {name: os.environ.get(name) for name in ("XLA_FLAGS", *BLAS_THREADS)}
+        os.environ["XLA_FLAGS"] = worker_xla_flags(self._saved["XLA_FLAGS"] or "", self.workers)
+        if self.workers >= default_workers():
+            for name in BLAS_THREADS:
+                os.environ.setdefault(name, "1")
         context = multiprocessing.get_context("spawn")
         self._lines: multiprocessing.Queue = context.Queue()
         self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=context,
@@ -270,10 +278,11 @@ class WorkerPool:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._drain()
         finally:
-            if self._flags is None:
-                os.environ.pop("XLA_FLAGS", None)
-            else:
-                os.environ["XLA_FLAGS"] = self._flags
+            for name, value in self._saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
     def _drain(self) -> None:
         while True:

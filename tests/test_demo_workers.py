@@ -138,13 +138,16 @@ def test_each_worker_gets_its_share_of_the_cores(workers, cores, devices, single
 def test_spawned_workers_start_with_their_share_and_the_caller_keeps_its_flags():
     """2 spawned workers on this machine's cores: each sees ``worker_host_devices`` JAX devices and the flags
     ``worker_xla_flags`` gives; the calling process's ``XLA_FLAGS`` are back as they were once the pool closes."""
-    before = os.environ.get("XLA_FLAGS")
+    names = ("XLA_FLAGS", *pool.BLAS_THREADS)
+    before = {name: os.environ.get(name) for name in names}
     with pool.WorkerPool(2, log=lambda _: None) as wp:
         got = wp.run("setup", [("a", pool.worker_setup, ()), ("b", pool.worker_setup, ())])
-    assert os.environ.get("XLA_FLAGS") == before
+    assert {name: os.environ.get(name) for name in names} == before
     for setup in got.values():
         assert setup["devices"] == pool.worker_host_devices(2)
-        assert setup["xla_flags"] == pool.worker_xla_flags(before or "", 2)
+        assert setup["xla_flags"] == pool.worker_xla_flags(before["XLA_FLAGS"] or "", 2)
+        for name in pool.BLAS_THREADS:        # one BLAS thread where 2 workers have the cores, the user's own kept
+            assert setup[name] == (before[name] or ("1" if 2 >= pool.default_workers() else None))
 
 
 def _trees(out):
