@@ -17,13 +17,12 @@ The workers are *spawned* (a forked JAX runtime is unsafe) and share the persist
 (``BAYES_ZOO_JAX_CACHE``, inherited from the environment) and the device choice (``JAX_PLATFORMS``).
 
 Each worker gets its share of the cores, not the whole machine (``worker_xla_flags``, ``BLAS_THREADS``): a process
-alone asks XLA for
-2 host devices, so that NUTS runs its 2 chains in parallel, and XLA's CPU runtime spreads each program over every
-core. Two such workers on 2 cores would run 4 chains' threads on 2 cores, and the two binary ssgp NUTS fits side
-by side then took 6 times as long as one alone (benchmarks/results.md, compile_cold). So with ``workers`` at least
-the cores, a worker has one host device (its chains run one after the other, ``inference.nuts.chain_method``) and
-one thread; with fewer workers than cores, ``cores // workers`` devices (at least 1, at most the 2 a lone process
-has) and XLA's own threads.
+alone asks XLA for 2 host devices, so that NUTS runs its 2 chains in parallel, and XLA's CPU runtime spreads each
+program over every core. Two such workers on 2 cores would run 4 chains' threads on 2 cores, and the two binary
+ssgp NUTS fits side by side then took 6 times as long as one alone (benchmarks/results.md, compile_cold). So with
+``workers`` at least the cores, a worker has one host device (its chains run one after the other,
+``inference.nuts.chain_method``) and one thread; with fewer workers than cores, ``cores // workers`` devices (at
+least 1, at most the 2 a lone process has) and XLA's own threads.
 
 A worker sees only the models a fresh ``import zoo`` registers: a model registered at run time in the calling
 process cannot be fitted there, which is why ``diagnostics.demo.run_demo`` defaults to ``workers=1`` (in
