@@ -208,17 +208,25 @@ def test_ssgp_vb_padded_run_equals_the_unpadded_run_and_a_second_size_in_the_buc
 # --------------------------------------------------------------------------------------------------
 
 
-def test_hlcr_vbem_padded_run_equals_the_unpadded_run_and_a_second_size_in_the_bucket_compiles_nothing():
-    from inference.hlcr import vb
-    from inference.hlcr.common import make_hyper, pair_data
+def _hlcr_inputs(seed):
+    """A small simulated hlcr problem (6 agents; 82 pairs at seed 0, 98 at seed 1): its data, model inputs and
+    kernel hyperparameters."""
+    from inference.hlcr.common import make_hyper
     from zoo.hlcr import model_inputs
 
     spec = zoo.get("hlcr")
+    data, _ = spec.simulate(seed, n_agents=6, mean_entities=15.0, mean_events=4.0)
+    inputs = model_inputs(data, spec.default_hyper)
+    return data, inputs, make_hyper(spec.default_hyper, inputs["n_agents"])
+
+
+def test_hlcr_vbem_padded_run_equals_the_unpadded_run_and_a_second_size_in_the_bucket_compiles_nothing():
+    from inference.hlcr import vb
+    from inference.hlcr.common import pair_data
 
     def problem(seed):
-        data, _ = spec.simulate(seed, n_agents=6, mean_entities=15.0, mean_events=4.0)
-        inputs = model_inputs(data, spec.default_hyper)
-        return pair_data(inputs), make_hyper(spec.default_hyper, inputs["n_agents"])
+        data, inputs, hyper = _hlcr_inputs(seed)
+        return pair_data(inputs), hyper
 
     pdat, hyper = problem(0)
     assert pdat.gs.shape[0] == 82
@@ -246,19 +254,16 @@ def test_hlcr_gibbs_padded_chains_follow_the_unpadded_chains_and_a_second_size_i
     labels agree exactly (a discrete outcome; a tie of two Gumbel-perturbed logits flipped by 1e-16 differences
     has probability ~1e-14 per pair) and w, theta, psi and the log joint to 1e-9 relative."""
     from inference.hlcr import gibbs
-    from inference.hlcr.common import make_hyper, pair_data
-    from zoo.hlcr import model_inputs, pair_structure
-
-    spec = zoo.get("hlcr")
+    from inference.hlcr.common import pair_data
+    from zoo.hlcr import pair_structure
 
     def problem(seed):
-        data, _ = spec.simulate(seed, n_agents=6, mean_entities=15.0, mean_events=4.0)
-        inputs = model_inputs(data, spec.default_hyper)
+        data, inputs, hyper = _hlcr_inputs(seed)
         events = None
         if kernel_name == "paper":
             ps = pair_structure(data["agent"], data["entity"])
             events = gibbs.events_by_pair(data["X"], data["y"], ps["pair"], ps["n_pairs"])
-        return gibbs.Problem(pair_data(inputs), events), make_hyper(spec.default_hyper, inputs["n_agents"])
+        return gibbs.Problem(pair_data(inputs), events), hyper
 
     def run(prob, hyper, seed):
         return gibbs.run(jax.random.key(seed), prob, hyper, num_warmup=5, num_samples=10, num_chains=2,
@@ -284,15 +289,10 @@ def test_hlcr_gibbs_padded_chains_follow_the_unpadded_chains_and_a_second_size_i
 def test_hlcr_blocked_gibbs_padded_chains_follow_the_unpadded_chains_and_a_second_size_compiles_nothing():
     """As for the collapsed kernel: pair e's uniform and initial label do not depend on the padding."""
     from inference.hlcr import gibbs_blocked as gb
-    from inference.hlcr.common import make_hyper
-    from zoo.hlcr import model_inputs
-
-    spec = zoo.get("hlcr")
 
     def problem(seed):
-        data, _ = spec.simulate(seed, n_agents=6, mean_entities=15.0, mean_events=4.0)
-        inputs = model_inputs(data, spec.default_hyper)
-        return gb.problem_from_inputs(inputs), make_hyper(spec.default_hyper, inputs["n_agents"])
+        data, inputs, hyper = _hlcr_inputs(seed)
+        return gb.problem_from_inputs(inputs), hyper
 
     def run(prob, hyper, seed):
         return gb.run(jax.random.key(seed), prob, hyper, num_warmup=5, num_samples=10, num_chains=2)

@@ -469,7 +469,8 @@ def demo(
     report per model, a real-data report per model (its own kernels on its real dataset, against the stored NUTS
     reference of those data; `zoo list` names the datasets) and an index page counting the four verdicts (PASS,
     FAIL, NOT CONVERGED, NOT JUDGED; see `zoo compare --help`). The fits run in --workers processes, slowest
-    first; each model's pages are written there as soon as its fits are done. Resumes an interrupted run unless --fresh."""
+    first; each model's pages are written there as soon as its fits are done. Resumes an interrupted run unless
+    --fresh."""
     if workers < 0:
         raise typer.BadParameter(f"expected 0 (one per core) or a number of processes >= 1, got {workers}",
                                  param_hint="--workers")
