@@ -73,8 +73,7 @@ def test_closed_form_expected_log_likelihood_matches_monte_carlo():
                   logit_rho=jnp.asarray(rng.standard_normal(4)), a_tau=jnp.ones(3), b_tau=jnp.ones(3))
     Q = np.asarray(vb.expected_sq_residual(st, pb))
     N = 250_000
-    key = jax.random.key(0)
-    draws, _ = vb.draw(key, st, N, False)
+    draws, _ = vb.draw(0, st, N, False)
     X = jnp.einsum("jnr,sjr->sjn", pb.F, draws["u"])
     f = jnp.einsum("sij,sjn->sin", draws["H"] * draws["b"][:, None, :], X)
     sq = np.asarray(jnp.sum((pb.Y.T[None] - f) ** 2, axis=2))                            # (N, p)

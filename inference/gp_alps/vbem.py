@@ -26,14 +26,14 @@ form, no Monte Carlo) never decreases:
            - sum_i KL(q(tau_i) || p(tau_i)).
 
 Spaces: the ELBO above is on the switch-augmented space (u, H, b, tau); the model (``zoo.gp_alps.model``) sums the
-switches out, so ``log_q`` (``sample_q``) is the density of q(u) q(H) q(sigma2) at the draws of the model's sites
+switches out, so ``log_q`` (``draw``) is the density of q(u) q(H) q(sigma2) at the draws of the model's sites
 (u, H, sigma2 = 1/tau, with the Jacobian of that map); b is drawn from q(b) for display only. The ELBO of that
 q on the marginal space is >= the ELBO above. Every parameter of q is stored in group ``variational``.
 
 Run by ``inference.loop.run_until_converged`` (restarts vmapped, the highest final ELBO wins; stops when
 the relative ELBO change of a sweep is <= ``tol``). Kernel shape: ``init(key, problem)``, ``step(key, state,
-problem)`` with ``Info.objective`` = the ELBO after the sweep, ``draw(key, state, n)``; ``kernel(learn)`` binds
-the static noise flag.
+problem)`` with ``Info.objective`` = the ELBO after the sweep, ``draw(seed, state, n)`` (NumPy, on the host);
+``kernel(learn)`` binds the static noise flag.
 
 Initialisation (notes §3.2 "known behaviour"): rho = 1 and random non-zero means, since mu = m = 0 is a
 fixed point and a latent whose rho has collapsed to 0 cannot switch back on. q(u) means start N(0, I),
@@ -55,10 +55,11 @@ import xarray as xr
 from jax.scipy.special import digamma, gammaln
 from scipy import special
 
+from inference import host_draws as hd
 from inference import host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.gp_alps.common import Problem, problem
-from inference.loop import DRAW_BLOCK, Run, StopRule, draws_in_blocks, run_until_converged
+from inference.loop import Run, StopRule, run_until_converged
 
 
 class State(NamedTuple):
@@ -231,39 +232,29 @@ def predictive_moments(state: State, pb: Problem, learn, F_new):
     return mean.T, (var + noise[:, None]).T
 
 
-def draw(key, state: State, num_samples, learn):
-    """Draws of (u, H, sigma2, b) from q and log q at each (model sites u, H, sigma2, constrained space)."""
-    m, r = state.mu.shape
-    p = state.mH.shape[0]
-    ku, kh, kb, kt = jax.random.split(key, 4)
-    L = jnp.linalg.cholesky(state.Sigma)  # no jitter: log q must be the density of the stored q(u)
-    eps = jax.random.normal(ku, (num_samples, m, r))
-    u = state.mu + jnp.einsum("jrs,njs->njr", L, eps)
-    sd = jnp.sqrt(state.sH)
-    H = state.mH + sd * jax.random.normal(kh, (num_samples, p, m))
-    b = jax.random.bernoulli(kb, jax.nn.sigmoid(state.logit_rho), (num_samples, m)).astype(jnp.int32)
-    logdetL = jnp.sum(jnp.log(jnp.diagonal(L, axis1=1, axis2=2)))
-    z = jax.scipy.linalg.solve_triangular(L[None], (u - state.mu)[..., None], lower=True)[..., 0]
-    log_q = -0.5 * jnp.sum(z ** 2, axis=(1, 2)) - logdetL - 0.5 * m * r * jnp.log(2 * jnp.pi)
-    log_q = log_q + jnp.sum(jax.scipy.stats.norm.logpdf(H, state.mH, sd), axis=(1, 2))
+def draw(seed, state: State, num_samples: int, learn):
+    """``num_samples`` draws of (u, H, sigma2, b) from q and log q at each (model sites u, H, sigma2, constrained
+    space), in NumPy from ``np.random.default_rng(seed)`` (``inference.host_draws``: a one-shot job, not worth
+    compiling). q(u_j) = N(mu_j, L_j L_j^T) with L_j = chol(Sigma_j) (no jitter: log q must be the density of
+    the stored q(u)); q(H_ij) = N(mH_ij, sH_ij); b_j ~ Bern(rho_j) (display only: the model sums the switches
+    out); sigma2_i = 1/tau_i, tau_i ~ Gamma(a_tau_i, rate b_tau_i), so log q(sigma2) = log q_tau(1/sigma2)
+    - 2 log sigma2."""
+    rng = np.random.default_rng(seed)
+    st = jax.tree.map(np.asarray, jax.device_get(state))
+    S = int(num_samples)
+    L = np.linalg.cholesky(st.Sigma)
+    u = hd.mvn_variates(rng, st.mu, L, (S,))                                        # (S, m, r)
+    sd = np.sqrt(st.sH)
+    H = st.mH + sd * rng.standard_normal((S, *st.mH.shape))                         # (S, p, m)
+    b = (rng.random((S, st.logit_rho.shape[0])) < special.expit(st.logit_rho)).astype(np.int32)
+    log_q = hd.mvn_tril_log_pdf(u, st.mu, L).sum(1) + hd.normal_log_pdf(H, st.mH, sd).sum((1, 2))
     out = {"u": u, "H": H, "b": b}
     if learn:
-        tau = jax.random.gamma(kt, state.a_tau, (num_samples, p)) / state.b_tau
+        tau = np.exp(hd.log_gamma_variates(rng, st.a_tau, (S, st.a_tau.shape[0]))) / st.b_tau
         sigma2 = 1.0 / tau
-        # q(sigma2) = q_tau(1/sigma2) / sigma2^2
-        log_q = log_q + jnp.sum(jax.scipy.stats.gamma.logpdf(tau, state.a_tau, scale=1.0 / state.b_tau)
-                                - 2.0 * jnp.log(sigma2), axis=1)
+        log_q = log_q + (hd.gamma_log_pdf(tau, st.a_tau, st.b_tau) - 2.0 * np.log(sigma2)).sum(1)
         out["sigma2"] = sigma2
     return out, log_q
-
-
-@functools.partial(jax.jit, static_argnums=(2, 3))
-def _draw_program(keys, state: State, block: int, learn):
-    """One draw (``draw`` with one sample) per key of ``keys`` (``block`` of them, always
-    ``inference.loop.DRAW_BLOCK``: ``draws_in_blocks``) and rho = sigmoid(logit_rho), one compiled call, the
-    state an argument (a ``jax.jit`` of a closure over it compiled again in every fit)."""
-    one = lambda k: jax.tree.map(lambda a: a[0], draw(k, state, 1, learn))
-    return jax.vmap(one)(keys), jax.nn.sigmoid(state.logit_rho)
 
 
 def q_dataset(state: State, learn, rho=None) -> xr.Dataset:
@@ -292,11 +283,11 @@ def run_vbem(ctx: FitContext) -> Draws:
     """Closed-form mean-field VB-EM with Bernoulli q(b) (notes §3.2); deterministic ELBO per sweep."""
     o = ctx.options
     pb, learn = problem(ctx)
-    k_init, k_draw = host_keys.parts(ctx.key)
+    k_init, _ = host_keys.parts(ctx.key)
     r = run(k_init, pb, learn, o["max_iter"], o["tol"], o["init_logit_rho"], o["num_restarts"], progress=o["progress"])
-    state = r.state
-    (draws, log_q), rho = draws_in_blocks(_draw_program, k_draw, int(o["num_samples"]), state, DRAW_BLOCK,
-                                           bool(learn))
+    state = jax.device_get(r.state)
+    draws, log_q = draw((ctx.seed, 2), state, int(o["num_samples"]), bool(learn))
+    rho = special.expit(np.asarray(state.logit_rho))
     return Draws(posterior={k: np.asarray(v)[None] for k, v in draws.items()},
                  sample_stats={"log_q": np.asarray(log_q)[None]},
                  traces={"elbo": np.asarray(r.info.objective), "rho": np.asarray(r.info.rho)},

@@ -50,7 +50,6 @@ from the prior, i.e. a random initialisation too).
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import NamedTuple
 
@@ -58,12 +57,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from inference import host_draws as hd
 from inference import host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.distributed.audit import audited, message_spec
 from inference.distributed.protocol import Protocol
 from inference.hlcr.common import (
-    draw_conditionals,
+    TINY_LOG,
     log_normaliser,
     log_prior_labels,
     prior_logits,
@@ -82,7 +82,6 @@ from inference.hlcr.federated import (
     run_protocol,
     split_by_agent,
 )
-from inference.loop import draws_in_blocks
 from zoo.hlcr import SPEC, pair_structure, resolve_hyper
 
 PRIORS = ("exact", "paper")
@@ -377,16 +376,25 @@ def run_federated(agents, hyper: dict, key: jax.Array, *, max_iter: int = 20, ga
     return res, index, audit
 
 
-@functools.partial(jax.jit, static_argnums=7)
-def _parameter_draws(keys, D_data, c, z, pair_agent, log_psi, prior, n_agents: int):
-    """One (w, theta) draw per key given the final labels and the server's statistics (``draw_conditionals``;
-    ``D`` = I / delta^2 + the data's D), one compiled call per block of keys (``inference.loop.draws_in_blocks``),
-    not one JAX operation at a time."""
+def parameter_draws(seed, D_data, c, z, pair_agent, log_psi, prior, n_agents: int, num_samples: int):
+    """``num_samples`` draws of (w, theta) from their conditionals given the final labels and the server's
+    statistics (those of ``common.draw_conditionals``): w_k ~ N(D_k^-1 c_k, D_k^-1) with D_k = I / delta^2 + the
+    data's D_k, theta_i ~ Dir(beta psi + N_i) floored at the smallest normal float (as the samplers'). In NumPy from
+    ``np.random.default_rng(seed)`` (``inference.host_draws``: a one-shot job, not worth compiling).
+    Returns w (S, K, F), theta (S, n_agents, K)."""
+    rng = np.random.default_rng(seed)
     delta, beta = prior
+    D_data, c, log_psi = (np.asarray(jax.device_get(a), float) for a in (D_data, c, log_psi))
     K, F = c.shape
-    D = jnp.eye(F) / delta ** 2 + D_data
-    n_agent = jax.ops.segment_sum(jax.nn.one_hot(z, K), pair_agent, num_segments=n_agents)
-    return jax.vmap(lambda k: draw_conditionals(k, D, c, n_agent, log_psi, beta))(keys), None
+    L = np.linalg.cholesky(np.eye(F) / delta ** 2 + D_data)                      # D_k = L_k L_k^T
+    mean = np.linalg.solve(np.swapaxes(L, -1, -2), np.linalg.solve(L, c[..., None]))[..., 0]
+    eps = rng.standard_normal((num_samples, K, F))
+    w = mean + np.linalg.solve(np.swapaxes(L, -1, -2)[None], eps[..., None])[..., 0]   # Cov L^-T L^-1 = D^-1
+    n_agent = np.zeros((n_agents, K))
+    np.add.at(n_agent, (np.asarray(pair_agent), np.asarray(z)), 1.0)
+    conc = beta * np.exp(log_psi) + n_agent
+    theta = np.exp(hd.log_dirichlet_variates(rng, conc, (num_samples, *conc.shape), floor=TINY_LOG))
+    return w, theta
 
 
 @register_method("fedgibbs", kind="point", models=("hlcr",), check=check_dropout, options=OPTIONS_FEDGIBBS)
@@ -404,8 +412,8 @@ def run_fedgibbs(ctx: FitContext) -> Draws:
     h = resolve_hyper(ctx.hyper)
     K = int(h["K"])
     # restart r runs from fold_in(key, r) with one server key for all (the keys of the earlier per-restart
-    # loop, so draws for a seed are unchanged); the kept restart's (w, theta) draws use fold_in(key, 2e6 + r)
-    # (split(key, R)[r] = fold_in(key, r); one restart: the key fold_in(key, 0) itself; made on the host)
+    # loop, so the labels for a seed are unchanged) (split(key, R)[r] = fold_in(key, r); one restart: the key
+    # fold_in(key, 0) itself; made on the host); the (w, theta) draws come from default_rng((seed, 2))
     R = o["num_restarts"]
     res, index, audit = run_federated(
         agents, h, ctx.key if R > 1 else host_keys.fold_in(ctx.key, 0), server_key=host_keys.fold_in(ctx.key, 10**6),
@@ -414,12 +422,11 @@ def run_fedgibbs(ctx: FitContext) -> Draws:
         runner=o["runner"], on_node_failure=o["on_node_failure"], chunk=o["chunk"], z_init=o["z_init"],
         progress=o["progress"], num_restarts=o["num_restarts"])
     z = global_labels(res, index)
-    k_draw = host_keys.fold_in(ctx.key, 2 * 10**6 + int(np.argmax(audit["objective_per_restart"])))
     sv = res.server_state
     ps = pair_structure(ctx.data["agent"], ctx.data["entity"])
     S = o["num_samples"]
-    (w, theta), _ = draws_in_blocks(_parameter_draws, k_draw, S, sv.D, sv.c, z, np.asarray(ps["pair_agent"]),
-                                    sv.log_psi, (float(h["delta"]), float(h["beta"])), int(ps["n_agents"]))
+    w, theta = parameter_draws((ctx.seed, 2), sv.D, sv.c, z, ps["pair_agent"], sv.log_psi,
+                               (float(h["delta"]), float(h["beta"])), int(ps["n_agents"]), S)
     hist = res.history
     traces = {"log_joint": hist["log_joint"], "n_changed": hist["n_changed"], "n_active": hist["n_active"],
               "bytes_uploaded": hist["bytes_sent"].sum(1)}

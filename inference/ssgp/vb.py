@@ -1,7 +1,7 @@
 """The ssgp VB kernel (Tan & Nott 2016; Lim 2016; notes 002 §3) in the shape of ``inference.loop``: ``State``,
-``Info``, ``init(key, problem)``, ``step(key, state, problem)``, ``draw(key, state, n)``, with the static
-configuration (``problem.Config`` and the step ``Settings``) closed over by ``kernel`` (one set of functions per
-configuration, so the loop compiles once); the registered method ``vb``.
+``Info``, ``init(key, problem)``, ``step(key, state, problem)``, ``draw(seed, state, n)`` (NumPy, on the host),
+with the static configuration (``problem.Config`` and the step ``Settings``) closed over by ``kernel`` (one set of
+functions per configuration, so the loop compiles once); the registered method ``vb``.
 
 Mean-field family q(lam) q(alpha, beta) q(sigma) q(tau) [q(gamma) | q(y*) | xi] with beta = (beta0,
 A-coefficients, random effects b flattened (group, term)); one sweep is ``inference.ssgp.sweep.sweep``.
@@ -39,12 +39,13 @@ import numpy as np
 import xarray as xr
 from jax.scipy.linalg import cho_factor, cho_solve
 
+from inference import host_draws as hd
 from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
-from inference.loop import Run, StopRule, draws_in_blocks, run_until_converged
-from inference.ssgp.bound import joint_cov, omega, pseudo
+from inference.loop import Run, StopRule, run_until_converged
+from inference.ssgp.bound import omega, pseudo
 from inference.ssgp.features import expectations
-from inference.ssgp.hfunction import inv_moment, sample_scale, scale_log_density
+from inference.ssgp.hfunction import inv_moment, sample_scale_host, scale_log_density
 from inference.ssgp.problem import LIKELIHOOD_OF, MODELS, Config, Data, program_config, setup
 from inference.ssgp.sweep import lam_terms, sweep
 
@@ -103,19 +104,11 @@ class Kernel(NamedTuple):
 
 @programs.cached(maxsize=32)
 def kernel(cfg: Config, settings: Settings = DEFAULT_SETTINGS) -> Kernel:
-    """``init(key, problem)``, ``step(key, state, problem)`` and ``draw(keys, state) -> ((draws, log_q), moments)``
-    (one compiled program: a draw per key, and the scale moments ``state_dataset`` stores; for
-    ``inference.loop.draws_in_blocks``) for one static configuration; cached, so repeated fits share the loop's
-    compiled program."""
+    """``init(key, problem)``, ``step(key, state, problem)`` (compiled by the loop) and ``draw(seed, state,
+    num_samples, n) -> (draws, log_q)`` (NumPy, on the host: ``draw``) for one static configuration; cached, so
+    repeated fits share the loop's compiled program."""
     return Kernel(functools.partial(init, cfg, settings), functools.partial(step, cfg, settings),
-                  jax.jit(functools.partial(draw_block, cfg)))
-
-
-def draw_block(cfg, keys, st, n):
-    """One draw from q per key (``draw`` with one sample) and the scale moments of q (``scale_moments``); ``n``
-    the number of observations."""
-    one = lambda k: jax.tree.map(lambda a: a[0], draw(cfg, k, st, 1, n))
-    return jax.vmap(one)(keys), scale_moments(cfg, st, n)
+                  functools.partial(draw, cfg))
 
 
 def init(cfg, settings, key, problem):
@@ -182,38 +175,41 @@ def step(cfg, settings, key, st, data):
     return new, Info(new.bound, new.a, n_tries, (new.it > warm_start + 2) & (lam_moved < LAM_TOL))
 
 
-def draw(cfg, key, st, num_samples, n):
-    """``num_samples`` draws of the model's latent sites from q and log q at each (constrained space).
+def draw(cfg, seed, st, num_samples, n):
+    """``num_samples`` draws of the model's latent sites from q and log q at each (constrained space), in NumPy
+    from ``np.random.default_rng(seed)`` (``inference.host_draws``: a one-shot job, not worth compiling; the
+    scale factors by ``hfunction.sample_scale_host``); ``n`` the number of observations.
 
     alpha_raw = sqrt(m) alpha / sigma and b_raw = b / tau (the model is non-centred), so log q gains the
     Jacobians 2m log(sigma / sqrt m) and J sum_t log tau_t."""
-    m, S_ = cfg.m, num_samples
-    k = jax.random.split(key, 6)
-    lam = jax.random.multivariate_normal(k[0], st.mu_lam, st.Sig_lam, (S_,))
+    rng = np.random.default_rng(seed)
+    st = jax.tree.map(np.asarray, jax.device_get(st))
+    m, S_, n = cfg.m, int(num_samples), float(n)
+    L_lam = np.linalg.cholesky(st.Sig_lam)
+    lam = hd.mvn_variates(rng, st.mu_lam, L_lam, (S_,))
     p_s = 2.0 * m - 2.0
-    sigma = sample_scale(k[1], p_s, st.C_sig, cfg.A_sigma**2, (S_,))
-    mu_t, Sig_t = jnp.concatenate([st.mu_a, st.mu_b]), joint_cov(st)
-    theta = jax.random.multivariate_normal(k[2], mu_t, Sig_t, (S_,))
+    sigma = sample_scale_host(rng, p_s, st.C_sig, cfg.A_sigma**2, (S_,))
+    mu_t = np.concatenate([st.mu_a, st.mu_b])
+    L_t = np.linalg.cholesky(np.block([[st.Sig_a, st.Sig_ab], [st.Sig_ab.T, st.Sig_b]]))
+    theta = hd.mvn_variates(rng, mu_t, L_t, (S_,))
     alpha, beta = theta[:, :2 * m], theta[:, 2 * m:]
-    mvn = lambda x, mu, Sig: jax.scipy.stats.multivariate_normal.logpdf(x, mu, Sig)
-    log_q = (mvn(lam, st.mu_lam, st.Sig_lam) + scale_log_density(sigma, p_s, st.C_sig, cfg.A_sigma**2)
-             + mvn(theta, mu_t, Sig_t) + 2.0 * m * jnp.log(sigma / math.sqrt(m)))
+    log_q = (hd.mvn_tril_log_pdf(lam, st.mu_lam, L_lam) + scale_log_density(sigma, p_s, st.C_sig, cfg.A_sigma**2, np)
+             + hd.mvn_tril_log_pdf(theta, mu_t, L_t) + 2.0 * m * np.log(sigma / math.sqrt(m)))
     post = {"lam": lam, "sigma": sigma, "alpha_raw": alpha * math.sqrt(m) / sigma[:, None], "beta0": beta[:, 0]}
     s_fixed = cfg.s - cfg.J * cfg.T
     if s_fixed > 1:
         post["beta"] = beta[:, 1:s_fixed]
     if cfg.T > 0:
-        keys = jax.random.split(k[4], cfg.T)
-        tau = jnp.stack([sample_scale(keys[t], cfg.J - 2.0, st.C_tau[t], cfg.A_tau**2, (S_,))
-                         for t in range(cfg.T)], axis=1)
+        tau = np.stack([sample_scale_host(rng, cfg.J - 2.0, st.C_tau[t], cfg.A_tau**2, (S_,))
+                        for t in range(cfg.T)], axis=1)
         b = beta[:, s_fixed:].reshape(S_, cfg.J, cfg.T)
         post["tau"], post["b_raw"] = tau, b / tau[:, None, :]
-        log_q += sum(scale_log_density(tau[:, t], cfg.J - 2.0, st.C_tau[t], cfg.A_tau**2) for t in range(cfg.T))
-        log_q += cfg.J * jnp.sum(jnp.log(tau), axis=1)
+        log_q += sum(scale_log_density(tau[:, t], cfg.J - 2.0, st.C_tau[t], cfg.A_tau**2, np) for t in range(cfg.T))
+        log_q += cfg.J * np.sum(np.log(tau), axis=1)
     if cfg.likelihood == "gaussian":
-        gamma = sample_scale(k[5], n - 2.0, st.C_gam, cfg.A_gamma**2, (S_,))
+        gamma = sample_scale_host(rng, n - 2.0, st.C_gam, cfg.A_gamma**2, (S_,))
         post["gamma"] = gamma
-        log_q += scale_log_density(gamma, n - 2.0, st.C_gam, cfg.A_gamma**2)
+        log_q += scale_log_density(gamma, n - 2.0, st.C_gam, cfg.A_gamma**2, np)
     return post, log_q
 
 
@@ -229,12 +225,12 @@ def run(cfg: Config, data: Data, *, max_iter=1000, tol=1e-6, warm_start=3, step_
                                progress=progress, desc="ssgp vb")
 
 
-def state_dataset(cfg, st, moments=None):
+def state_dataset(cfg, st):
     """The variational parameters as an xarray Dataset (stored in the tree for ``predict`` and for
-    recomputing ``log_q`` and the bound from the tree), with the Jaakkola-Jordan points ``xi`` for logit;
-    ``moments``: ``scale_moments`` where they were computed already (the fit's draw program)."""
-    moments = _scale_moments(program_config(cfg))(st, np.asarray(float(cfg.n))) if moments is None else moments
-    moments = {k: np.asarray(v) for k, v in moments.items()}
+    recomputing ``log_q`` and the bound from the tree), with the Jaakkola-Jordan points ``xi`` for logit and the
+    moments of the scale factors (``scale_moments``, in NumPy)."""
+    st = jax.tree.map(np.asarray, jax.device_get(st))
+    moments = scale_moments(cfg, st, float(cfg.n), np)
     ds = {"mu_lam": (["input"], st.mu_lam), "Sig_lam": (["input", "input_"], st.Sig_lam),
           "mu_alpha": (["basis"], st.mu_a), "Sig_alpha": (["basis", "basis_"], st.Sig_a),
           "mu_beta": (["coef"], st.mu_b), "Sig_beta": (["coef", "coef_"], st.Sig_b),
@@ -251,21 +247,15 @@ def state_dataset(cfg, st, moments=None):
     return xr.Dataset({k: (dims, np.asarray(v)) for k, (dims, v) in ds.items()})
 
 
-@programs.cached
-def _scale_moments(cfg: Config):
-    """``scale_moments`` as one compiled program of the state (computed operation by operation, the H-function
-    grids compiled a program per operation)."""
-    return jax.jit(functools.partial(scale_moments, cfg))
-
-
-def scale_moments(cfg: Config, st, n) -> dict:
-    """The moments of q(sigma), q(gamma), q(tau) that ``state_dataset`` stores (``n`` observations)."""
-    out = {"E_sigma": inv_moment(2.0 * cfg.m - 2.0, st.C_sig, cfg.A_sigma**2, -1.0)}
+def scale_moments(cfg: Config, st, n, xp=jnp) -> dict:
+    """The moments of q(sigma), q(gamma), q(tau) that ``state_dataset`` stores (``n`` observations; ``xp``:
+    ``hfunction``'s array library)."""
+    out = {"E_sigma": inv_moment(2.0 * cfg.m - 2.0, st.C_sig, cfg.A_sigma**2, -1.0, xp)}
     if cfg.likelihood == "gaussian":
-        out["E_gamma"] = inv_moment(n - 2.0, st.C_gam, cfg.A_gamma**2, -1.0)
-        out["E_gamma2"] = inv_moment(n - 2.0, st.C_gam, cfg.A_gamma**2, -2.0)
+        out["E_gamma"] = inv_moment(n - 2.0, st.C_gam, cfg.A_gamma**2, -1.0, xp)
+        out["E_gamma2"] = inv_moment(n - 2.0, st.C_gam, cfg.A_gamma**2, -2.0, xp)
     if cfg.T > 0:
-        out["E_tau"] = jax.vmap(lambda c: inv_moment(cfg.J - 2.0, c, cfg.A_tau**2, -1.0))(st.C_tau)
+        out["E_tau"] = xp.stack([inv_moment(cfg.J - 2.0, c, cfg.A_tau**2, -1.0, xp) for c in st.C_tau])
     return out
 
 
@@ -307,12 +297,11 @@ def run_vb(ctx: FitContext) -> Draws:
     """Closed-form mean-field VB with NCVMP for q(lam) (Tan & Nott 2016; Lim 2016; notes §3)."""
     o = ctx.options
     cfg, arrays, res = fit_state(ctx.spec, ctx.data, ctx.hyper, o, ctx.key)
-    (post, log_q), moments = draws_in_blocks(kernel(program_config(cfg)).draw, ctx.key, o["num_samples"], res.state,
-                                             arrays.n_obs)
+    post, log_q = draw(cfg, (ctx.seed, 2), res.state, o["num_samples"], cfg.n)
     info = res.info
     return Draws(
         posterior={k: np.asarray(v)[None] for k, v in post.items()}, sample_stats={"log_q": np.asarray(log_q)[None]},
         traces={"bound": info.objective, "step_size": info.step, "n_tries": info.n_tries},
-        groups={"variational_parameters": state_dataset(cfg, res.state, moments)},
+        groups={"variational_parameters": state_dataset(cfg, res.state)},
         objective=res.objective, converged=res.converged, n_iter=res.n_iter,
         attrs={"n_backtracked_sweeps": int(np.sum(info.n_tries > 1))})
