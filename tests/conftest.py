@@ -16,7 +16,8 @@ os.environ.setdefault("BAYES_ZOO_JAX_CACHE_MIN_SECONDS", "0")
 # run fast enough unoptimised. Semantics are unchanged (only the last bits of reductions may differ, which no
 # test may depend on). ``make test-all`` sets BAYES_ZOO_TEST_XLA_OPT=full for the heavy statistical runs;
 # users, the demo and the benchmarks always get XLA's default optimisation. Set before JAX starts a backend,
-# and inherited by the notebook kernels that tests/test_notebooks.py starts.
+# and inherited by the notebook kernels that tests/test_notebooks.py starts (but for the run-bound notebooks of
+# tests/notebook_runs.py, ``OPTIMISED``).
 if os.environ.get("BAYES_ZOO_TEST_XLA_OPT", "fast-compile") == "fast-compile" \
         and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()

@@ -15,6 +15,21 @@ from pathlib import Path
 from notebooks.build import execute, sources
 
 TIMEOUT = 600  # seconds per cell, a hang guard (as `notebooks.build --fast`): cells run longer on a loaded box
+# Notebooks whose FAST run is spent running compiled programs rather than compiling them: their kernels get XLA's
+# default optimisation, not the suite's level 0 (tests/conftest.py): cost_accuracy's NUTS ladder (6 fits of 350
+# to 1100 iterations on the stored reference's data) costs far less optimised, while the other notebooks build
+# many small programs and cost more (measured per notebook: benchmarks/results.md, "suite_speed").
+OPTIMISED = frozenset({"cost_accuracy"})
+OPT_LEVEL_FLAG = "--xla_backend_optimization_level"
+
+
+def kernel_env(name: str) -> dict[str, str]:
+    """The environment notebook ``name``'s kernel starts with: this process's, without ``DISPLAY``, and for the
+    notebooks of ``OPTIMISED`` without the XLA optimisation-level flag (every other XLA flag kept)."""
+    env = {k: v for k, v in os.environ.items() if k != "DISPLAY"}
+    if name in OPTIMISED and "XLA_FLAGS" in env:
+        env["XLA_FLAGS"] = " ".join(f for f in env["XLA_FLAGS"].split() if not f.startswith(OPT_LEVEL_FLAG + "="))
+    return env
 
 
 def session_dir(tmp_path_factory) -> Path:
@@ -37,9 +52,8 @@ def executed(path: Path, directory: Path) -> Path:
             return target
         if failed.exists():
             raise RuntimeError(f"{path.name} failed earlier in this run:\n{failed.read_text()}")
-        env = {k: v for k, v in os.environ.items() if k != "DISPLAY"}
         try:
-            return execute(path, directory, fast=True, timeout=TIMEOUT, env=env)[0]
+            return execute(path, directory, fast=True, timeout=TIMEOUT, env=kernel_env(path.stem))[0]
         except BaseException:
             failed.write_text(traceback.format_exc())
             raise

@@ -13,7 +13,7 @@ import sys
 import jupytext
 import nbformat
 import pytest
-from notebook_runs import executed, session_dir
+from notebook_runs import OPTIMISED, executed, kernel_env, session_dir
 
 import zoo
 from notebooks.build import execute, sources
@@ -81,6 +81,24 @@ def test_notebook_executes_in_fast_mode_and_every_plotting_cell_shows_its_figure
     blank = [i for i in cells if not has_image(nb.cells[i])]
     assert not blank, f"plotting cells without a figure under the inline backend: {blank} of {cells}"
     assert any(out.output_type == "stream" for out in nb.cells[-1].outputs), "the findings were printed"
+
+
+def test_only_the_run_bound_notebooks_lose_the_optimisation_level_flag_and_every_other_setting_stays(monkeypatch):
+    """``kernel_env``: the notebooks of ``OPTIMISED`` start without ``--xla_backend_optimization_level`` (XLA's
+    default optimisation), the others with this process's XLA flags; the other flags and variables are kept and
+    ``DISPLAY`` is dropped for every notebook."""
+    assert OPTIMISED and OPTIMISED <= {p.stem for p in NOTEBOOKS}
+    flags = "--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0 --xla_dump_to=/tmp/x"
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    monkeypatch.setenv("DISPLAY", ":0")
+    for path in NOTEBOOKS:
+        env = kernel_env(path.stem)
+        assert "DISPLAY" not in env and env["PATH"] == os.environ["PATH"]
+        want = flags if path.stem not in OPTIMISED else \
+            "--xla_force_host_platform_device_count=2 --xla_dump_to=/tmp/x"
+        assert env["XLA_FLAGS"] == want, path.stem
+    monkeypatch.delenv("XLA_FLAGS")
+    assert all("XLA_FLAGS" not in kernel_env(p.stem) for p in NOTEBOOKS)
 
 
 def test_plots_keep_a_backend_that_is_already_chosen():
