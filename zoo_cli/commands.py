@@ -509,8 +509,8 @@ def references(
 ) -> None:
     """Make the stored reference posteriors in zoo/references/ (`make references`), to posteriordb's standard or
     stricter: per model and reference dataset (the simulated ones and each real dataset of the demo, tag
-    real_<dataset>) a long NUTS run (4 chains, 4000 stored draws), a second run with
-    another seed and, where the model names one, a long run of its exact Gibbs kernel. A reference is stored
+    real_<dataset>) a long NUTS run (4 chains, 4000 stored draws or the more its model asks for), a second run
+    with another seed and, where the model names one, a long run of its exact Gibbs kernel. A reference is stored
     only if R-hat < 1.01 and bulk and tail ESS >= 400 on every compared quantity, there is no divergence,
     E-BFMI > 0.3, and the other runs' compared means agree within 4 combined Monte Carlo standard errors;
     otherwise nothing is stored and the failed quantities are named, with what to try (exit status 1).
