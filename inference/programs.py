@@ -162,6 +162,14 @@ def registered() -> dict[str, Cached]:
         return dict(_REGISTRY)
 
 
+# Compiler options of a program that a fit runs once, on small inputs: SVI's initialisation and its draws from
+# the guide (``jax.jit(f, compiler_options=ONE_SHOT)``). XLA's backend (LLVM) optimisation level 0 compiles such a
+# program several times faster, and its one run costs next to nothing either way; a program that runs in a loop
+# (a kernel's steps) keeps the default, which pays for itself over the iterations. Semantics are unchanged (only the
+# last bits of reductions may differ, as at the test suite's level 0). benchmarks/results.md, "compile_cold".
+ONE_SHOT: dict[str, int] = {"xla_backend_optimization_level": 0}
+
+
 BUCKET_MIN = 8
 _BUCKETING: contextvars.ContextVar[bool] = contextvars.ContextVar("bucketing", default=True)
 

@@ -15,10 +15,11 @@ parameters are stored in group ``variational``. There is no closed-form bound: t
 Compiled once per (model, non-array model arguments, guide settings, data shapes), like ``nuts._sampling_program``: the
 data arrays are arguments of three cached programs (``_programs``: initialise, a chunk of ``CHUNK_STEPS`` Adam
 steps, ``DRAW_BLOCK`` draws), so a second fit on data of the same shapes (another seed, another data set, another
-``num_steps`` or ``num_samples``) compiles nothing. NumPyro's autoguides set themselves up on their first call
-from that call's data (the prototype trace, the initial locations, the constraint transforms), so each program
-builds its own guide and ``SVI`` inside its trace: a guide object kept between fits would carry the first fit's
-data into the next.
+``num_steps`` or ``num_samples``) compiles nothing. The initialisation and the draws run once per fit: they are
+compiled with ``programs.ONE_SHOT`` (XLA's backend optimisation off), the steps with XLA's default. NumPyro's
+autoguides set themselves up on their first call from that call's data (the prototype trace, the initial locations,
+the constraint transforms), so each program builds its own guide and ``SVI`` inside its trace: a guide object kept
+between fits would carry the first fit's data into the next.
 
 A fit that cannot be evaluated is a ``NonFiniteError`` with advice (lower ``learning_rate``, another ``guide`` or
 ``init``), never NumPyro's argument validation: the ELBO estimate non-finite at every step of the last 5 % (the
@@ -176,7 +177,9 @@ def _programs(model, static: tuple, settings: tuple) -> SVIPrograms:
         draws, log_q = jax.vmap(lambda k: draw_with_log_q(guide, params, k, kwargs))(keys)
         return params, draws, log_q
 
-    return SVIPrograms(jax.jit(init), jax.jit(steps), jax.jit(draw))
+    # init and draw run once per fit (draw once per block of draws): compiled for compile speed (programs.ONE_SHOT)
+    return SVIPrograms(jax.jit(init, compiler_options=programs.ONE_SHOT), jax.jit(steps),
+                       jax.jit(draw, compiler_options=programs.ONE_SHOT))
 
 
 def draw_from(programs: SVIPrograms, state, key, arrays, num_samples: int) -> tuple[dict, dict, np.ndarray]:

@@ -262,7 +262,7 @@ def elbo_of(cfg: Cfg, q: Q, shard: Shard) -> float:
     return float(_elbo_program(cfg, st, padded_shard(shard, size)))
 
 
-@functools.partial(jax.jit, static_argnums=0)
+@functools.partial(jax.jit, static_argnums=0, compiler_options=programs.ONE_SHOT)   # once per fit
 def _elbo_program(cfg: Cfg, st: VBState, shard: Shard):
     return elbo(cfg, st, shard)
 

@@ -170,7 +170,7 @@ def fit_params(key, kw, num_steps, learning_rate=0.01, num_particles=4, schedule
 def _posterior_program(learning_rate: float, num_particles: int, learn: bool):
     """keys, SVI state -> ((draws, log q), (guide params (constrained), rho)): one draw per key, one compiled call
     per block of keys after the fit (``inference.loop.draws_in_blocks``: not one dispatch per constraint
-    transform and draw; no ``num_samples`` in it; cached, so a second fit compiles nothing)."""
+    transform and draw; no ``num_samples`` in it; cached, so a second fit compiles nothing; ``programs.ONE_SHOT``)."""
     svi = _svi(learning_rate, num_particles)
 
     def posterior(keys, svi_state):
@@ -178,7 +178,7 @@ def _posterior_program(learning_rate: float, num_particles: int, learn: bool):
         one = lambda k: jax.tree.map(lambda a: a[0], sample_q(k, params, learn, 1))
         return jax.vmap(one)(keys), (params, jax.nn.sigmoid(params["logit_rho"]))
 
-    return jax.jit(posterior)
+    return jax.jit(posterior, compiler_options=programs.ONE_SHOT)   # runs once per block of draws of a fit
 
 
 def sample_q(key, params, learn, num_samples):
