@@ -319,10 +319,11 @@ def map_draws(reform, key, samples: dict, model_kwargs: dict, block: int = MAP_B
 @programs.cached(maxsize=16)
 def _site_mapper(reform, static: tuple):
     """The compiled ``(keys, draws, data arrays) -> model sites`` of ``map_draws``, vectorised over a block of draws,
-    one per reformulation and non-array arguments (data arrays are arguments, so same-shaped data share it)."""
+    one per reformulation and non-array arguments (data arrays are arguments, so same-shaped data share it).
+    A fit runs it once per block of draws, after sampling: compiled for compile speed (``programs.ONE_SHOT``)."""
 
     def to_sites(keys, flat, arrays):
         kwargs = {**dict(static), **arrays}
         return jax.vmap(lambda k, a: reform.to_sites(k, a, kwargs))(keys, flat)
 
-    return jax.jit(to_sites)
+    return jax.jit(to_sites, compiler_options=programs.ONE_SHOT)
