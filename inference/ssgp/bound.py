@@ -95,9 +95,10 @@ def eta_moments(cfg, data, st):
     return f, re, aq, cross
 
 
-def joint_cov(st):
-    """Cov of theta = (alpha, beta) under q: [[Sigma_a, Sigma_ab], [Sigma_ab^T, Sigma_b]]."""
-    return jnp.block([[st.Sig_a, st.Sig_ab], [st.Sig_ab.T, st.Sig_b]])
+def joint_cov(st, xp=jnp):
+    """Cov of theta = (alpha, beta) under q: [[Sigma_a, Sigma_ab], [Sigma_ab^T, Sigma_b]] (``xp``: the array
+    library, NumPy for the host draws of ``vb.draw``)."""
+    return xp.block([[st.Sig_a, st.Sig_ab], [st.Sig_ab.T, st.Sig_b]])
 
 
 def lower_bound(cfg, data, st):

@@ -43,7 +43,7 @@ from inference import host_draws as hd
 from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.loop import Run, StopRule, run_until_converged
-from inference.ssgp.bound import omega, pseudo
+from inference.ssgp.bound import joint_cov, omega, pseudo
 from inference.ssgp.features import expectations
 from inference.ssgp.hfunction import inv_moment, sample_scale_host, scale_log_density
 from inference.ssgp.problem import LIKELIHOOD_OF, MODELS, Config, Data, program_config, setup
@@ -190,7 +190,7 @@ def draw(cfg, seed, st, num_samples, n):
     p_s = 2.0 * m - 2.0
     sigma = sample_scale_host(rng, p_s, st.C_sig, cfg.A_sigma**2, (S_,))
     mu_t = np.concatenate([st.mu_a, st.mu_b])
-    L_t = np.linalg.cholesky(np.block([[st.Sig_a, st.Sig_ab], [st.Sig_ab.T, st.Sig_b]]))
+    L_t = np.linalg.cholesky(joint_cov(st, np))
     theta = hd.mvn_variates(rng, mu_t, L_t, (S_,))
     alpha, beta = theta[:, :2 * m], theta[:, 2 * m:]
     log_q = (hd.mvn_tril_log_pdf(lam, st.mu_lam, L_lam) + scale_log_density(sigma, p_s, st.C_sig, cfg.A_sigma**2, np)
