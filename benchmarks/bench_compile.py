@@ -400,22 +400,25 @@ class _Captured(BaseException):
     """Raised by the loop's stand-in program at its first call: the kernel's step and its arguments' shapes
     (a BaseException, so no ``except Exception`` of a method turns it into an error of its own)."""
 
-    def __init__(self, step, state, key, problem) -> None:
+    def __init__(self, step, state, key, problem, options=()) -> None:
         super().__init__("captured")
-        self.step, self.state, self.key, self.problem = step, state, key, problem
+        self.step, self.state, self.key, self.problem, self.options = step, state, key, problem, dict(options)
 
 
 def _stand_in(builder: str):
     """A stand-in for ``inference.loop.<builder>``: the loop calls the program it returns with (carry or state,
     key, problem, ...); it raises ``_Captured`` with one restart's (one chain's) state shape: the leading restart
-    or chain axis dropped."""
+    or chain axis dropped, and the compiler options the fit's program would have had (the optimiser's
+    ``options``, the builder's last argument)."""
     import jax
 
     def build(init, step, *args, **kwargs):
+        options = kwargs.get("options", args[4] if builder == "_optimiser_program" and len(args) > 4 else ())
+
         def program(first, key, problem, *rest):
             state = first[0] if builder == "_optimiser_program" else first
             one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), state)
-            raise _Captured(step, one, key, problem)
+            raise _Captured(step, one, key, problem, options)
 
         return program
 
@@ -424,12 +427,12 @@ def _stand_in(builder: str):
 
 def child_floor(log: ProgramLog, model: str, method: str, data_path: str, size: str) -> dict:
     """The floor of a pair in this fresh process: the compile seconds of one step of its kernel alone, jitted on
-    the shapes of the demo fit (``jax.jit(step).lower(key, state, problem).compile()``), after an empty program
-    (``x + 1.0``, timed apart: what the first program of a process costs whatever its size). The step is taken
-    from the fit itself: the loop's program builders (``inference.loop._optimiser_program``,
-    ``_sampler_program``) are replaced by stand-ins that stop the fit at its first call. ``svi``: one
-    ``SVI.stable_update`` of its guide and optimiser. Methods that run no JAX kernel (scikit-learn's) have
-    none."""
+    the shapes of the demo fit with the compiler options of the fit's program (``jax.jit(step,
+    compiler_options=...).lower(key, state, problem).compile()``), after an empty program (``x + 1.0``, timed
+    apart: what the first program of a process costs whatever its size). The step is taken from the fit itself:
+    the loop's program builders (``inference.loop._optimiser_program``, ``_sampler_program``) are replaced by
+    stand-ins that stop the fit at its first call. ``svi``: one ``SVI.stable_update`` of its guide and optimiser.
+    Methods that run no JAX kernel (scikit-learn's) have none."""
     import time
 
     import jax
@@ -442,6 +445,7 @@ def child_floor(log: ProgramLog, model: str, method: str, data_path: str, size: 
     spec, data = zoo.get(model), _load(data_path)
     options = {**_options(spec, method, size), "progress": False}
     log.take()
+    compiler_options = {}
     if method == "svi":
         step, args = _svi_step(spec, data, options)
     else:
@@ -452,14 +456,14 @@ def child_floor(log: ProgramLog, model: str, method: str, data_path: str, size: 
             return {"floor": None, "why": "no kernel run by inference.loop (not a JAX kernel)"}
         except _Captured as got:
             key = jax.eval_shape(lambda k: jax.random.fold_in(k, 0), got.key)
-            step, args = got.step, (key, got.state, got.problem)
+            step, args, compiler_options = got.step, (key, got.state, got.problem), got.options
     density, density_args = _densities_program(spec, data, method, options)
     before = log.take()[0]
     start = time.perf_counter()
     jax.jit(lambda x: x + 1.0).lower(np.float64(0.0)).compile()   # what any first program costs here
     empty = _summary(*log.take(), time.perf_counter() - start)
     start = time.perf_counter()
-    jax.jit(step).lower(*args).compile()
+    jax.jit(step, compiler_options=compiler_options).lower(*args).compile()
     wall = time.perf_counter() - start
     out = {"floor": _summary(*log.take(), wall), "empty": empty, "before": len(before)}
     start = time.perf_counter()
@@ -869,7 +873,8 @@ COLD_NOTE = ("One fresh process per pair and task, an empty persistent compilati
              "built (eager: a single JAX operation), the largest by XLA seconds with the instructions of the HLO "
              "module XLA was given (dumped before its optimisations). 2nd fit: seed 1 in the same process. floor: "
              "another fresh process compiles an empty program (x + 1.0, its seconds shown), then one step of the "
-             "kernel alone (`jax.jit(step).lower(...).compile()`, "
+             "kernel alone with the compiler options of the fit's program (`jax.jit(step, compiler_options=...)"
+             ".lower(...).compile()`; the optimisers' at XLA backend level 0, `programs.ONE_SHOT`), "
              "the loop's program builders stood in for, the step's arguments those the fit would pass; svi: one "
              "`SVI.stable_update`), its compile seconds and HLO ops, then the tree's densities program that every "
              "fit builds (log prior and log likelihood of a batch of 64 draws): where the two together pass the "

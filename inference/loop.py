@@ -110,7 +110,8 @@ def strongly_typed(tree):
 
 def run_until_converged(init: Kernel, step: Kernel, problem: Any, key: jax.Array, rule: StopRule, *,
                         num_restarts: int = 1, chunk: int | None = None, progress: bool | None = None,
-                        desc: str = "", init_state: Any = None, start_from_key: bool = False) -> Run:
+                        desc: str = "", init_state: Any = None, start_from_key: bool = False,
+                        compiler_options: dict | None = None) -> Run:
     """Run ``step`` from ``init`` until ``rule`` stops it, for ``num_restarts`` restarts at once.
 
     Restart ``r`` starts from ``init(k_r, problem)`` (``k_r`` the r-th of ``jax.random.split(key,
@@ -126,6 +127,10 @@ def run_until_converged(init: Kernel, step: Kernel, problem: Any, key: jax.Array
 
     ``num_restarts`` stays a constant of the program: it is the width of the ``vmap`` over restarts (the shape of
     every state leaf), and padding it to a bucket would make every step of every fit compute the padded restarts.
+
+    ``compiler_options`` (default ``programs.ONE_SHOT``: XLA's backend optimisation off): an optimiser's run is a
+    few hundred cheap steps, so its program compiles faster at level 0 than its run gets slower; a kernel whose
+    step is dominated by dense linear algebra, or that runs thousands of steps, passes ``programs.OPTIMISED``.
     """
     if num_restarts < 1:
         raise ValueError(f"num_restarts: expected a positive integer, got {num_restarts!r}")
@@ -137,8 +142,9 @@ def run_until_converged(init: Kernel, step: Kernel, problem: Any, key: jax.Array
         chunk = max(50, -(-max_iter // 20)) if shown else max_iter
     chunk = max(1, min(int(chunk), max_iter))
     fresh = init_state is None
+    options = programs.ONE_SHOT if compiler_options is None else compiler_options
     program = _optimiser_program(init if fresh else None, step, rule.kind, rule.tol_residual is not None,
-                                 num_restarts, start_from_key)
+                                 num_restarts, start_from_key, programs.options_key(options))
     if fresh:
         state = _zeros_like(_start_shapes(init, num_restarts, start_from_key, key, problem))
     else:
@@ -269,9 +275,10 @@ def _buffer_rows(shapes, leading: int = 1) -> int:
 
 @programs.cached(maxsize=64)
 def _optimiser_program(init: Kernel | None, step: Kernel, kind: str, residual: bool, num_restarts: int,
-                       start_from_key: bool = False):
+                       start_from_key: bool = False, options: tuple = ()):
     """The whole optimiser run as one compiled program of ``(carry, key, problem, budget, start)``, cached per
-    kernel, rule kind and restart count (so repeated fits in one process trace once). ``budget = (max_iter,
+    kernel, rule kind, restart count and compiler options (``options``: their sorted items) (so repeated fits in
+    one process trace once). ``budget = (max_iter,
     tol, tol_residual, limit)`` are arguments: fits that differ only in them share the program.
 
     ``start`` (a fresh run's first call; ``init`` given): the carry is replaced by every restart's ``init``
@@ -319,7 +326,7 @@ def _optimiser_program(init: Kernel | None, step: Kernel, kind: str, residual: b
         best = jnp.argmax(jnp.where(jnp.isfinite(f), f, -jnp.inf))
         return carry, buffer, i, best, jax.tree.map(lambda a: a[best], carry[0])
 
-    return jax.jit(optimiser_run)
+    return jax.jit(optimiser_run, compiler_options=dict(options))
 
 
 def sample_chains(init: Kernel, step: Kernel, problem: Any, key: jax.Array, *, num_chains: int,

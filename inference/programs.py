@@ -162,12 +162,21 @@ def registered() -> dict[str, Cached]:
         return dict(_REGISTRY)
 
 
-# Compiler options of a program that a fit runs once, on small inputs: SVI's initialisation and its draws from
-# the guide (``jax.jit(f, compiler_options=ONE_SHOT)``). XLA's backend (LLVM) optimisation level 0 compiles such a
-# program several times faster, and its one run costs next to nothing either way; a program that runs in a loop
-# (a kernel's steps) keeps the default, which pays for itself over the iterations. Semantics are unchanged (only the
-# last bits of reductions may differ, as at the test suite's level 0). benchmarks/results.md, "compile_cold".
+# Compiler options of a program that a fit runs once, or whose run is short next to its compile: SVI's
+# initialisation and its draws from the guide, NUTS's site mapper, and the loop's optimiser runs (VB, EM, ADMM: a
+# few hundred cheap steps on a user's table). XLA's backend (LLVM) optimisation level 0 compiles such a program
+# 1.5 to 2 times faster, and its run costs next to nothing either way (the demo's optimiser runs: 0.002 to 0.1 s of
+# run against 0.5 to 2 s less compile). Semantics are unchanged (only the last bits of reductions may differ, as at
+# the test suite's level 0). benchmarks/results.md, "compile_cold" and "opt_level".
 ONE_SHOT: dict[str, int] = {"xla_backend_optimization_level": 0}
+# XLA's defaults: a program whose run pays for its optimisation (NUTS's sampling, Gibbs sweeps, SVI's steps, a
+# kernel whose step is dominated by dense linear algebra that level 0 runs several times slower).
+OPTIMISED: dict[str, int] = {}
+
+
+def options_key(options) -> tuple:
+    """Compiler options as a key of a cached builder (a dict is not hashable): its sorted items."""
+    return tuple(sorted(dict(options or {}).items()))
 
 
 BUCKET_MIN = 8

@@ -221,8 +221,10 @@ def run(cfg: Config, data: Data, *, max_iter=1000, tol=1e-6, warm_start=3, step_
                         tuple(float(v) for v in np.ravel(mu_lam_init)))
     k = kernel(program_config(cfg), settings)
     key = jax.random.key(0) if key is None else key
+    # XLA's default optimisation: the step is dense linear algebra and H-function grids, which level 0 runs three
+    # times slower while compiling them hardly faster (benchmarks/results.md, "opt_level")
     return run_until_converged(k.init, k.step, data, key, StopRule(int(max_iter), float(tol)), chunk=CHUNK,
-                               progress=progress, desc="ssgp vb")
+                               progress=progress, desc="ssgp vb", compiler_options=programs.OPTIMISED)
 
 
 def state_dataset(cfg, st):
