@@ -5,9 +5,10 @@ on any model; a kernel registers for the models it implements
 (``@register_method("gibbs", models=("hlcr",), options={...})``). The registry is the one source of truth
 for which methods serve which model (``methods_for``): a model lists no methods of its own.
 
-Kernels are found without a list: on first use every module of every paper package ``inference/<paper>/``
-is imported (``GENERIC_PACKAGES`` such as ``distributed`` excepted), so adding a kernel module touches no
-registry. A package's ``__init__`` may import its algorithm modules to fix the order in which the model's
+Kernels are found without a list: a fit of a zoo model defined in ``zoo/<paper>.py`` imports every module of
+the paper package ``inference/<paper>/`` (``paper_of``); any other use (a listing of every method, a user's model)
+imports every paper package (``GENERIC_PACKAGES`` such as ``distributed`` excepted). So adding a kernel module
+touches no registry. A package's ``__init__`` may import its algorithm modules to fix the order in which the model's
 methods are listed; the others follow in alphabetical order.
 """
 
@@ -233,6 +234,7 @@ class Method:
 
 _METHODS: dict[tuple[str | None, str], Method] = {}
 _loaded = False
+_loaded_papers: set[str] = set()   # paper packages imported by a fit of one of their models
 
 
 def register_method(name: str, *, kind: MethodKind, options: Mapping[str, Option | Any],
@@ -256,13 +258,15 @@ def register_method(name: str, *, kind: MethodKind, options: Mapping[str, Option
     return deco
 
 
-def kernel_modules() -> list[str]:
-    """Every module of every paper package ``inference/<paper>/``: each package is imported first (its
-    ``__init__`` imports its method modules in the paper's order, which is the order ``methods_for`` lists
-    them in), then the walk finds every other module."""
+def kernel_modules(papers: tuple[str, ...] | None = None) -> list[str]:
+    """Every module of every paper package ``inference/<paper>/`` (or of those named in ``papers``): each package
+    is imported first (its ``__init__`` imports its method modules in the paper's order, which is the order
+    ``methods_for`` lists them in), then the walk finds every other module."""
     found = []
     for pkg in pkgutil.iter_modules([str(Path(__file__).parent)]):  # the inference package's folder
         if not pkg.ispkg or pkg.name in GENERIC_PACKAGES or pkg.name.startswith("_"):
+            continue
+        if papers is not None and pkg.name not in papers:
             continue
         package = importlib.import_module(f"inference.{pkg.name}")
         found.append(package.__name__)
@@ -271,15 +275,36 @@ def kernel_modules() -> list[str]:
     return found
 
 
-def _load_kernels() -> None:
+def paper_of(spec: ModelSpec) -> str | None:
+    """The paper package whose kernels serve ``spec``: a zoo model defined in ``zoo/<paper>.py`` has its kernels in
+    ``inference/<paper>/`` (``ppca`` and ``mppca`` in ``zoo/mppca.py``, the three ssgp models in ``zoo/ssgp.py``);
+    ``None`` for a model defined elsewhere (a user's)."""
+    module = getattr(spec.model, "__module__", "") or ""
+    parts = module.split(".")
+    if len(parts) != 2 or parts[0] != "zoo" or parts[1] in GENERIC_PACKAGES:
+        return None
+    return parts[1] if importlib.util.find_spec(f"inference.{parts[1]}") is not None else None
+
+
+def _load_kernels(spec: ModelSpec | None = None) -> None:
+    """Register the generic methods and the kernels by importing their modules: ``spec``'s paper package only,
+    where it has one (``paper_of``), else every paper's. A cold fit then imports one paper's kernels, not all
+    five (a few tenths of a second of its first contact); every listing of all methods loads them all."""
     global _loaded
     if _loaded:
         return
-    _loaded = True
     for module in GENERIC_METHOD_MODULES:
         importlib.import_module(module)
+    paper = None if spec is None else paper_of(spec)
+    if paper is not None:
+        if paper not in _loaded_papers:
+            for module in kernel_modules((paper,)):
+                importlib.import_module(module)
+            _loaded_papers.add(paper)
+        return
     for module in kernel_modules():
         importlib.import_module(module)
+    _loaded = True
 
 
 def methods_for(model: ModelSpec | str) -> list[str]:
@@ -287,15 +312,16 @@ def methods_for(model: ModelSpec | str) -> list[str]:
     methods (``nuts``, ``svi``), then the kernels registered for the model, in registration order."""
     import zoo
 
-    name = zoo.get(model).name
-    _load_kernels()
+    spec = zoo.get(model)
+    name = spec.name
+    _load_kernels(spec)
     generic = [m for (owner, m) in _METHODS if owner is None]
     return generic + [m for (owner, m) in _METHODS if owner == name and m not in generic]
 
 
 def get_method(spec: ModelSpec, name: str) -> Method:
     """The method ``name`` for ``spec``, or a ``ValueError`` naming the methods it supports."""
-    _load_kernels()
+    _load_kernels(spec)
     method = _METHODS.get((spec.name, name)) or _METHODS.get((None, name)) if isinstance(name, str) else None
     if method is None:
         raise ValueError(f"method: {spec.name!r} supports methods {methods_for(spec)}, got {name!r}")

@@ -60,3 +60,37 @@ def test_settings_of_another_type_are_refused_by_name():
     with pytest.raises(ValueError, match="settings"):
         zoo.ModelSpec(name="bad_settings", model=normal_model, simulate=normal_simulate,
                       data_fields=(zoo.DataField("y", ("n",)),), settings={"tiny_sizes": {"n": 4}})
+
+
+def test_every_kernel_serves_only_the_models_of_its_own_paper_package():
+    """The lazy kernel load (``inference._methods.paper_of``) imports ``inference/<paper>/`` for a model defined in
+    ``zoo/<paper>.py``: so every kernel a paper package registers must serve models of that file only, or a fit
+    would not find it. Walks every package's modules and checks each registered method's models."""
+    import inference._methods as methods
+
+    methods._load_kernels()   # everything
+    for (owner, name), method in methods._METHODS.items():
+        if owner is None:
+            continue
+        package = method.run.__module__.split(".")
+        if package[0] != "inference" or len(package) < 3:
+            continue   # a test's or a user's kernel, registered from elsewhere
+        assert methods.paper_of(zoo.get(owner)) == package[1], (owner, name, method.run.__module__)
+
+
+def test_a_fit_of_one_model_imports_only_its_own_paper_package():
+    """``get_method`` for ppca (zoo/mppca.py) in a fresh process: inference.mppca is imported, and no other paper
+    package (hlcr, ssgp, gp_alps, bpca); a listing of every method then imports them all."""
+    import subprocess
+    import sys
+
+    code = ("import sys, zoo, inference\n"
+            "from inference._methods import get_method, available_methods\n"
+            "get_method(zoo.get('ppca'), 'em')\n"
+            "papers = ('mppca', 'hlcr', 'ssgp', 'gp_alps', 'bpca')\n"
+            "print(sorted(p for p in papers if f'inference.{p}' in sys.modules))\n"
+            "available_methods()\n"
+            "print(sorted(p for p in papers if f'inference.{p}' in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "['mppca']"
+    assert out[1] == "['bpca', 'gp_alps', 'hlcr', 'mppca', 'ssgp']"
