@@ -155,8 +155,10 @@ def fit_state(key, kw, num_steps, learning_rate=0.01, num_particles=4, schedule=
     temperatures) (host arrays for the traces)."""
     k_init, k_step = kernel(float(learning_rate), int(num_particles))
     problem = SVIProblem(kw, np.asarray(float(num_steps)), np.asarray(schedule == "paper"))   # host: no eager op
+    # XLA's default optimisation: thousands of SVI steps, which level 0 runs several times slower
+    # (benchmarks/results.md, "opt_level")
     r = run_until_converged(k_init, k_step, problem, key, StopRule(int(num_steps)), progress=progress,
-                            desc="gp_alps svi_concrete")
+                            desc="gp_alps svi_concrete", compiler_options=programs.OPTIMISED)
     return r.state.svi, r.info.objective, r.info.temperature
 
 
