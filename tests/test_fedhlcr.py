@@ -16,6 +16,7 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 import inference
+from inference._timing import Stopwatch
 from inference.distributed.protocol import node_key
 from inference.hlcr import federated as fed
 from inference.hlcr import fedgibbs as hf
@@ -178,6 +179,26 @@ def test_leave_own_out_tracks_each_agents_smoothed_contribution_exactly(partial_
     _, _, res, _, _ = partial_run
     st, sv = res.states, res.server_state
     decay = (1 - 0.5) ** (int(sv.t) - np.asarray(st.t_own))
+    for own, tot in ((st.own_D, sv.D), (st.own_c, sv.c), (st.own_n, sv.n)):
+        own = np.asarray(own)
+        np.testing.assert_allclose((decay.reshape(-1, *[1] * (own.ndim - 1)) * own).sum(0), np.asarray(tot),
+                                   atol=1e-10)
+
+
+def test_gamma_is_an_argument_of_the_compiled_rounds_so_a_second_gamma_compiles_nothing(partial_run):
+    """The learning rate is a runtime value of the compiled rounds (issue 28 item 2): the partial run again with
+    gamma = 0.25 instead of 0.5 builds no program, and the server applied the new rate: the agents' tracked
+    contributions decayed by (1 - 0.25) per server update sum to its statistics (to rounding, 1e-10)."""
+    _, agents, ref, _, _ = partial_run
+    key = jax.random.key(11)
+    with Stopwatch() as watch:
+        res, _, _ = hf.run_federated(agents, HYPER, key, max_iter=ROUNDS, chunk=ROUNDS, gamma=0.25,
+                                     participation=0.5, dropout=0.2)
+    assert watch.xla_compiles == []
+    st, sv = res.states, res.server_state
+    assert float(sv.gamma) == 0.25
+    assert not np.allclose(np.asarray(sv.D), np.asarray(ref.server_state.D))
+    decay = (1 - 0.25) ** (int(sv.t) - np.asarray(st.t_own))
     for own, tot in ((st.own_D, sv.D), (st.own_c, sv.c), (st.own_n, sv.n)):
         own = np.asarray(own)
         np.testing.assert_allclose((decay.reshape(-1, *[1] * (own.ndim - 1)) * own).sum(0), np.asarray(tot),

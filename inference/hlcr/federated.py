@@ -258,16 +258,21 @@ def _init_program(init):
 
 
 @programs.cached(maxsize=32)
-def _with_server_key(init, step, seed_server=None):
-    """(init, step) of the loop on the problem ``(shards, server_key)``: ``init`` then, with ``seed_server``,
-    the server's key put in its state (the key an argument of the program, not a constant)."""
+def _with_server_key(init, step, seed_server=None, configure=None):
+    """(init, step) of the loop on the problem ``(shards, server_key, settings)``: ``init`` then, with
+    ``seed_server``, the server's key put in its state, and with ``configure(carry, settings)``, the run's
+    runtime settings (e.g. fedgibbs's learning rate, in the server's state and its first broadcast): both
+    arguments of the program, not constants."""
 
     def start(key, problem):
-        shards, server_key = problem
+        shards, server_key, settings = problem
         state = init(key, shards)
-        if seed_server is None:
-            return state
-        return state._replace(carry=state.carry._replace(server=seed_server(state.carry.server, server_key)))
+        carry = state.carry
+        if seed_server is not None:
+            carry = carry._replace(server=seed_server(carry.server, server_key))
+        if configure is not None:
+            carry = configure(carry, settings)
+        return state._replace(carry=carry)
 
     def one(key, state, problem):
         return step(key, state, problem[0])
@@ -276,17 +281,21 @@ def _with_server_key(init, step, seed_server=None):
 
 
 def run_protocol(kernel: Kernel, shards, key, *, max_iter: int, num_restarts: int = 1, chunk: int = 50,
-                 progress=None, server_key=None, seed_server=None,
-                 restart_keys=None) -> tuple[RunResult, np.ndarray]:
+                 progress=None, server_key=None, seed_server=None, restart_keys=None, settings=None,
+                 configure=None) -> tuple[RunResult, np.ndarray]:
     """``max_iter`` rounds of ``kernel`` in process (``inference.loop.run_until_converged``; the objective
     never stops the rounds early). One run (``num_restarts=1``) starts from ``kernel.init(key)`` itself;
     restarts from ``split(key, num_restarts)``, or from ``restart_keys`` (one per restart) when given;
-    ``server_key`` overrides every run's server key. Returns the ``RunResult`` of the kept run and every
-    restart's final objective. Without ``restart_keys`` the start (every restart's ``init`` and the server's
-    key) is part of the loop's one program; with them, a program of its own."""
+    ``server_key`` overrides every run's server key; ``configure(carry, settings)`` puts runtime settings into
+    every run's round-0 carry (``settings`` a pytree of arrays: runs that differ only in them share the
+    program). Returns the ``RunResult`` of the kept run and every restart's final objective. Without
+    ``restart_keys`` the start (every restart's ``init``, the server's key and settings) is part of the loop's
+    one program; with them, a program of its own."""
     if restart_keys is None:
-        init, step = _with_server_key(kernel.init, kernel.step, seed_server if server_key is not None else None)
-        run = run_until_converged(init, step, (shards, server_key), key, StopRule(max_iter),
+        init, step = _with_server_key(kernel.init, kernel.step, seed_server if server_key is not None else None,
+                                      configure)
+        problem = (shards, server_key, settings if configure is not None else None)
+        run = run_until_converged(init, step, problem, key, StopRule(max_iter),
                                   num_restarts=num_restarts, chunk=chunk, progress=progress,
                                   desc=kernel.protocol.name, start_from_key=num_restarts == 1)
     else:
@@ -295,6 +304,9 @@ def run_protocol(kernel: Kernel, shards, key, *, max_iter: int, num_restarts: in
         if server_key is not None:
             server = seed_server(state.carry.server, jnp.broadcast_to(server_key, (num_restarts,)))
             state = state._replace(carry=state.carry._replace(server=server))
+        if configure is not None:
+            every = jax.tree.map(lambda a: np.broadcast_to(a, (num_restarts, *np.shape(a))), settings)
+            state = state._replace(carry=configure(state.carry, every))
         run = run_until_converged(kernel.init, kernel.step, shards, key, StopRule(max_iter),
                                   num_restarts=num_restarts, chunk=chunk, progress=progress,
                                   desc=kernel.protocol.name, init_state=state)

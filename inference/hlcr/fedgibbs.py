@@ -88,12 +88,17 @@ PRIORS = ("exact", "paper")
 
 
 class Config(NamedTuple):
+    """The protocol's static configuration. ``gamma`` (the server's learning rate) is the value
+    ``make_protocol``'s server starts with; the in-process runs (``run_federated``) build their kernel with
+    ``gamma=None`` and pass the rate as an argument of the compiled program (``set_rate``), so runs that differ
+    only in gamma share it."""
+
     K: int
     F: int
     alpha: float
     beta: float
     delta: float
-    gamma: float
+    gamma: float | None
     leave_own_out: bool
     prior: str
     dp_noise_scale: float
@@ -240,8 +245,9 @@ def make_protocol(cfg: Config, server_key: jax.Array | None = None) -> Protocol:
         return AgentState(z, *own, (inbox["t"] + 1).astype(i32), n_changed.astype(i32), sse, st.dp), msg
 
     def init_server(messages, active):
+        gamma = jnp.nan if cfg.gamma is None else cfg.gamma   # None: the run sets it (``set_rate``)
         return ServerState(jnp.zeros((K, F, F)), jnp.zeros((K, F)), jnp.zeros(K), jnp.zeros(K),
-                           jnp.full(K, -jnp.log(K)), -jnp.ones((), i32), jnp.asarray(cfg.gamma, jnp.float64),
+                           jnp.full(K, -jnp.log(K)), -jnp.ones((), i32), jnp.asarray(gamma, jnp.float64),
                            jax.random.key(0) if server_key is None else server_key)
 
     def aggregate(server: ServerState, messages, active):
@@ -299,10 +305,20 @@ def _seed_server(server: ServerState, key) -> ServerState:
     return server._replace(key=key)
 
 
+def set_rate(carry, gamma):
+    """The runner's round-0 carry with the learning rate ``gamma`` (a runtime value of the compiled rounds) in the
+    server's state and in its first broadcast (``gamma`` () or, for a leading restart axis, (R,))."""
+    gamma = jnp.asarray(gamma, jnp.float64)
+    inbox = carry.inbox
+    inbox = {**inbox, "gamma": jnp.broadcast_to(gamma[..., None], jnp.shape(inbox["gamma"]))}
+    return carry._replace(server=carry.server._replace(gamma=gamma), inbox=inbox)
+
+
 @programs.cached(maxsize=32)
 def kernel(cfg: Config, participation: float = 1.0, dropout: float = 0.0):
-    """The FedHLCR kernel (``federated.protocol_kernel``) and its audit log, once per static configuration.
-    The log records every message shape when the round is traced; the shapes depend only on (K, F)."""
+    """The FedHLCR kernel (``federated.protocol_kernel``) and its audit log, once per static configuration
+    (``cfg.gamma`` None where the run sets the rate with ``set_rate``). The log records every message shape when
+    the round is traced; the shapes depend only on (K, F)."""
     proto, log = audited(make_protocol(cfg))
     return protocol_kernel(proto, participation_fn(participation, dropout), "log_joint", _seed_server), log
 
@@ -367,10 +383,10 @@ def run_federated(agents, hyper: dict, key: jax.Array, *, max_iter: int = 20, ga
         finals = np.array([r[0] for r in results])
         _, res, log = results[int(np.argmax(finals))]
     else:
-        kern, log = kernel(cfg, float(participation), float(dropout))
+        kern, log = kernel(cfg._replace(gamma=None), float(participation), float(dropout))
         res, finals = run_protocol(kern, shards, key, max_iter=max_iter, num_restarts=num_restarts, chunk=chunk,
                                    progress=progress, server_key=server_key, seed_server=_seed_server,
-                                   restart_keys=restart_keys)
+                                   restart_keys=restart_keys, settings=np.float64(gamma), configure=set_rate)
     audit = audit_of(log, res)
     audit["objective_per_restart"] = [float(v) for v in finals]
     return res, index, audit
@@ -443,4 +459,4 @@ def run_fedgibbs(ctx: FitContext) -> Draws:
 
 
 __all__ = ["AgentState", "Config", "ServerState", "kernel", "local_sweep", "make_protocol", "message_spec",
-           "run_federated", "table_counts"]
+           "run_federated", "set_rate", "table_counts"]
