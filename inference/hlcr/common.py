@@ -23,6 +23,7 @@ and per-cluster sums, so an agent can run it on its own pairs and a server on su
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -155,22 +156,59 @@ def paper_eq2(n_agent_k, n_cluster, alpha, beta):
     return num / (n_agent_k.sum(-1, keepdims=True) + beta)
 
 
+def at_once(fn, *arrays):
+    """``[fn(a) for a in arrays]`` for an elementwise ``fn`` (``gammaln``, ``digamma``, ``erf_inv``) computed by
+    ONE call of ``fn`` on all their entries (flattened and joined): the same numbers, and one copy of the
+    function's long series in the compiled program instead of one per call (a lgamma is ~40 HLO ops, an erf_inv
+    ~150)."""
+    arrays = [jnp.asarray(a, jnp.float64) for a in arrays]
+    out = fn(jnp.concatenate([jnp.ravel(a) for a in arrays]))
+    pieces, start = [], 0
+    for a in arrays:
+        pieces.append(out[start:start + a.size].reshape(a.shape))
+        start += a.size
+    return pieces
+
+
+_NORMAL_LO = np.nextafter(np.float64(-1.0), np.float64(0.0))
+
+
+def normals(*draws):
+    """``[jax.random.normal(key, shape) for key, shape in draws]``, the same numbers (JAX's own construction:
+    sqrt(2) erf_inv(u), u uniform on (-1, 1)), with one erf_inv for all of them (``at_once``). A function of its
+    own in the program (as ``jax.random.normal``), so calls with the same shapes (a kernel's init and step) share
+    one copy."""
+    keys, shapes = zip(*draws, strict=True)
+    return _normals(keys, shapes)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _normals(keys, shapes):
+    us = [jax.random.uniform(k, shape, jnp.float64, _NORMAL_LO, np.float64(1.0)) for k, shape in zip(keys, shapes,
+                                                                                                    strict=True)]
+    return [np.float64(np.sqrt(2)) * e for e in at_once(jax.lax.erf_inv, *us)]
+
+
 GAMMA_TRIALS = 12
 
 
-def sample_log_gamma(key, a):
+def sample_log_gamma(key, a, x=None):
     """log of Gamma(a, 1) draws (any shape ``a`` > 0), cheap to compile.
 
     Marsaglia & Tsang (2000) squeeze/rejection for shape a + 1 with ``GAMMA_TRIALS`` proposals drawn at once
     (acceptance >= 0.95 per proposal, so all fail with probability < 1e-15; then the last proposal is used),
     and the boost G(a) = G(a + 1) U^(1/a) in log space, so tiny shapes (beta psi_k ~ 1e-5) do not underflow.
     ``jax.random.loggamma`` is exact too but its rejection sampler is costly to compile (benchmarks/results.md,
-    "lab notes from inference/"), and the Gibbs and VB-EM kernels compile it once per data shape."""
-    k_x, k_u, k_boost = jax.random.split(key, 3)
+    "lab notes from inference/"), and the Gibbs and VB-EM kernels compile it once per data shape.
+    ``key``: a key, or its split ``gamma_keys(key)`` where the caller has it; ``x``: the proposals' standard
+    normals where the caller draws them with others (``normals``): those of ``jax.random.normal(gamma_keys(key)[0],
+    (GAMMA_TRIALS, *a.shape))`` (``gamma_normals``)."""
+    k_x, k_u, k_boost = key if isinstance(key, tuple) else gamma_keys(key)
     b = a + 1.0
     d = b - 1.0 / 3.0
     c = 1.0 / jnp.sqrt(9.0 * d)
-    x = jax.random.normal(k_x, (GAMMA_TRIALS, *jnp.shape(a)))
+    if x is None:
+        x = jax.random.normal(k_x, (GAMMA_TRIALS, *jnp.shape(a)))
     u = jax.random.uniform(k_u, (GAMMA_TRIALS, *jnp.shape(a)), minval=jnp.finfo(jnp.float64).tiny)
     v = (1.0 + c * x) ** 3
     vpos = jnp.where(v > 0, v, 1.0)
@@ -181,10 +219,21 @@ def sample_log_gamma(key, a):
     return log_g + jnp.log(u_b) / a
 
 
-def sample_log_dirichlet(key, conc):
+def gamma_keys(key) -> tuple:
+    """The keys ``sample_log_gamma(key, ...)`` uses: its proposals' normals, their uniforms, the boost."""
+    return tuple(jax.random.split(key, 3))
+
+
+def gamma_normals(keys: tuple, shape):
+    """``(key, shape)`` of the standard normals ``sample_log_gamma(keys, a)`` draws for ``a`` of this shape
+    (``keys = gamma_keys(key)``), for ``normals``."""
+    return keys[0], (GAMMA_TRIALS, *shape)
+
+
+def sample_log_dirichlet(key, conc, x=None):
     """log of a Dirichlet(conc) draw along the last axis, in log space (no underflow to log 0 for tiny
-    concentrations), floored at log(tiny) so log densities stay finite."""
-    lg = sample_log_gamma(key, conc)
+    concentrations), floored at log(tiny) so log densities stay finite (``x``: as ``sample_log_gamma``'s)."""
+    lg = sample_log_gamma(key, conc, x)
     return jnp.maximum(lg - jax.nn.logsumexp(lg, axis=-1, keepdims=True), TINY_LOG)
 
 
@@ -209,28 +258,35 @@ def antoniak_table_totals(key, z, agent, log_psi, beta, K, n_agents, real=None):
     return jax.ops.segment_sum(new.astype(jnp.float64), z, num_segments=K)
 
 
-def log_prior_labels(n_agent, log_psi, beta):
+def log_prior_labels(n_agent, log_psi, beta, alpha=None):
     """log p(z | psi) = sum_i [lgamma(beta) - lgamma(beta + N_i) + sum_k lgamma(beta psi_k + N_ik)
-    - lgamma(beta psi_k)] (theta integrated out)."""
+    - lgamma(beta psi_k)] (theta integrated out). With ``alpha``: (log p(z | psi), log Dir(psi | alpha/K)), the
+    lgammas of both in one call (``at_once``)."""
     from jax.scipy.special import gammaln
 
     bp = beta * jnp.exp(log_psi)
     Ni = n_agent.sum(-1)
-    return jnp.sum(gammaln(beta) - gammaln(beta + Ni)) + jnp.sum(gammaln(bp + n_agent) - gammaln(bp))
+    if alpha is None:
+        g_beta, g_Ni, g_bpn, g_bp = at_once(gammaln, beta, beta + Ni, bp + n_agent, bp)
+        return jnp.sum(g_beta - g_Ni) + jnp.sum(g_bpn - g_bp)
+    K = log_psi.shape[-1]
+    a = alpha / K
+    g_beta, g_Ni, g_bpn, g_bp, g_alpha, g_a = at_once(gammaln, beta, beta + Ni, bp + n_agent, bp, alpha, a)
+    return (jnp.sum(g_beta - g_Ni) + jnp.sum(g_bpn - g_bp),
+            g_alpha - K * g_a + (a - 1) * jnp.sum(log_psi))
 
 
-def collapsed_log_joint(D, c, const_total, n_agent, log_psi, hyper):
+def collapsed_log_joint(D, c, const_total, n_agent, log_psi, hyper, logZ=None):
     """log p(y | z) + log p(z | psi) + log Dir(psi | alpha/K) with w and theta integrated out (notes §3.4,
     [ours]): sum_k logZ(D_k, c_k) - K F log delta + sum_e const_e + ``log_prior_labels`` + the Dirichlet density
-    of psi. ``D`` (K, F, F) includes the prior precision I/delta^2; ``const_total`` = sum_e const_e (``PairData``).
-    The objective of both Gibbs kernels (collapsed ``gibbs`` and blocked ``gibbs_blocked``)."""
-    from jax.scipy.special import gammaln
-
+    of psi. ``D`` (K, F, F) includes the prior precision I/delta^2; ``const_total`` = sum_e const_e (``PairData``);
+    ``logZ``: ``log_normaliser(D, c)`` where the caller has it. The objective of both Gibbs kernels (collapsed
+    ``gibbs`` and blocked ``gibbs_blocked``)."""
     K, F = D.shape[0], D.shape[-1]
-    ev = jnp.sum(log_normaliser(D, c)) - K * F * jnp.log(hyper.delta) + const_total
-    a = hyper.alpha / K
-    lp_psi = gammaln(hyper.alpha) - K * gammaln(a) + (a - 1) * jnp.sum(log_psi)
-    return ev + log_prior_labels(n_agent, log_psi, hyper.beta) + lp_psi
+    logZ = log_normaliser(D, c) if logZ is None else logZ
+    ev = jnp.sum(logZ) - K * F * jnp.log(hyper.delta) + const_total
+    labels, lp_psi = log_prior_labels(n_agent, log_psi, hyper.beta, hyper.alpha)
+    return ev + labels + lp_psi
 
 
 def log_evidence(D, c, n_events, q_total, sigma, delta):
@@ -312,15 +368,30 @@ def make_hyper(ctx_hyper: dict, n_agents: int) -> Hyper:
                  int(n_agents))
 
 
-def draw_conditionals(key, D, c, n_agent, log_psi, beta):
-    """w_k ~ N(D_k^-1 c_k, D_k^-1) and theta_i ~ Dir(beta psi + N_i) given the labels' statistics (D includes
-    the prior precision) and psi: the conditionals of the parameters that Gibbs integrates out."""
+def conditional_keys(key) -> tuple:
+    """The keys ``draw_conditionals(key, ...)`` uses: w's noise, and ``gamma_keys`` of theta's Gamma draws."""
     k_w, k_theta = jax.random.split(key)
+    return k_w, gamma_keys(k_theta)
+
+
+def conditional_normals(keys: tuple, c_shape, conc_shape):
+    """The ``(key, shape)`` pairs of the standard normals ``draw_conditionals(keys, ...)`` draws (w's noise, the
+    proposals of theta's Gamma draws; ``keys = conditional_keys(key)``), for ``normals``."""
+    return (keys[0], c_shape), gamma_normals(keys[1], conc_shape)
+
+
+def draw_conditionals(key, D, c, n_agent, log_psi, beta, drawn=None):
+    """w_k ~ N(D_k^-1 c_k, D_k^-1) and theta_i ~ Dir(beta psi + N_i) given the labels' statistics (D includes
+    the prior precision) and psi: the conditionals of the parameters that Gibbs integrates out. ``key``: a key or
+    its split ``conditional_keys(key)``; ``drawn``: its standard normals (``conditional_normals``) where the
+    caller draws them with others; else one ``normals`` draws them."""
+    keys = key if isinstance(key, tuple) else conditional_keys(key)
+    conc = beta * jnp.exp(log_psi) + n_agent
+    eps, x = normals(*conditional_normals(keys, c.shape, conc.shape)) if drawn is None else drawn
+    log_theta = sample_log_dirichlet(keys[1], conc, x)
     L = jnp.linalg.cholesky(D)
     mean = jax.scipy.linalg.cho_solve((L, True), c[..., None])[..., 0]
-    eps = jax.random.normal(k_w, c.shape)
     w = mean + jax.scipy.linalg.solve_triangular(jnp.swapaxes(L, -1, -2), eps[..., None], lower=False)[..., 0]
-    log_theta = sample_log_dirichlet(k_theta, beta * jnp.exp(log_psi) + n_agent)
     return w, jnp.exp(log_theta)
 
 

@@ -280,17 +280,14 @@ def make_protocol(cfg: Config, server_key: jax.Array | None = None) -> Protocol:
         """Collapsed log joint of every agent's current labels (from their last uploads; with dp_noise_scale > 0
         from the server's projected statistics, an approximation): log p(y | z) + log p(z | psi) + log Dir(psi),
         as ``gibbs.log_joint``."""
-        from jax.scipy.special import gammaln
-
         if noisy:   # noisy sums may be indefinite: use the server's PSD-projected statistics instead
             D, c = prior_prec + server.D, server.c
         else:
             D = prior_prec + messages["D"].sum(0)
             c = messages["c"].sum(0)
         ev = jnp.sum(log_normaliser(D, c)) - K * F * jnp.log(cfg.delta) + jnp.sum(reports["const"])
-        a = cfg.alpha / K
-        lp_psi = gammaln(cfg.alpha) - K * gammaln(a) + (a - 1) * jnp.sum(server.log_psi)
-        log_joint = ev + log_prior_labels(reports["n_agent"], server.log_psi, cfg.beta) + lp_psi
+        labels, lp_psi = log_prior_labels(reports["n_agent"], server.log_psi, cfg.beta, cfg.alpha)
+        log_joint = ev + labels + lp_psi
         n_test = jnp.sum(reports["n_test"])
         mse = jnp.where(n_test > 0, jnp.sum(reports["sse"]) / jnp.maximum(n_test, 1.0), jnp.nan)
         return {"log_joint": log_joint, "mse": mse,

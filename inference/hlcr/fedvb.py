@@ -65,9 +65,9 @@ def make_protocol(hyper: Hyper, F: int) -> Protocol:
     K = hyper.K
     prior_prec = np.eye(F) / hyper.delta**2   # NumPy: built once, a constant of the compiled round
 
-    def upload(r, a, shard):
+    def upload(r, a, shard, elog=None):
         return {"D": jnp.einsum("pk,pij->kij", r, shard.Gs), "c": r.T @ shard.gs, "n": r.sum(0),
-                "elog": _elogtheta(a)}
+                "elog": _elogtheta(a) if elog is None else elog}
 
     def init(shard: Shard, key):
         P = shard.mask.shape[0]
@@ -78,9 +78,10 @@ def make_protocol(hyper: Hyper, F: int) -> Protocol:
     def local_step(st: AgentState, shard: Shard, inbox, key):
         a = hyper.beta * jnp.exp(inbox["log_psi"]) + st.r.sum(0)
         pdat = PairData(shard.Gs, shard.gs, shard.const, jnp.zeros(shard.mask.shape[0], jnp.int32))
-        logits = _expected_loglik(inbox["m"], inbox["S"], pdat) + _elogtheta(a)[None, :]
+        elog = _elogtheta(a)
+        logits = _expected_loglik(inbox["m"], inbox["S"], pdat) + elog[None, :]
         r = jax.nn.softmax(logits, axis=-1) * shard.mask[:, None]
-        return AgentState(r, a), upload(r, a, shard)
+        return AgentState(r, a), upload(r, a, shard, elog)
 
     def init_server(messages, active):
         return {"log_psi": jnp.full(K, -jnp.log(K)), "m": jnp.zeros((K, F)), "S": jnp.zeros((K, F, F))}

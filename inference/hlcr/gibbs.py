@@ -7,8 +7,7 @@ out; psi is explicit (auxiliary-variable sampler of notes P1).
 
 One sweep (``step``):
 
-1. refresh D, c, logZ from z (exact sums, so rank-one drift never accumulates; erratum E11);
-2. for each pair e in turn (``lax.scan``), with counts and statistics EXCLUDING e (erratum E5: the paper's
+1. for each pair e in turn (``lax.scan``), with counts and statistics EXCLUDING e (erratum E5: the paper's
    Algorithm 2 never updates the counts):
 
        log p(z_e = k | ...) = log prior_k + logZ(D_k + G_e/s^2, c_k + g_e/s^2) - logZ(D_k, c_k) + const_e
@@ -22,6 +21,9 @@ One sweep (``step``):
    Prior (``prior=``): ``"exact"``: log(N_i^(k) + beta psi_k) (notes P1, exact for the stated model);
    ``"paper"``: eq. (2), log(N_i^(k) + beta (N^(k) + alpha/K)/(N + alpha)), ALDA's approximation
    (erratum E2: biased, e.g. 0.035 co-clustering error on the notes' B2 toy).
+2. refresh D, c, logZ from the new z (exact sums, so rank-one drift never accumulates; erratum E11): the state
+   a sweep starts from (``init``, ``state_from_labels`` or the last sweep) holds the exact sums, and the log joint
+   reads them;
 3. psi update (both priors; with ``"paper"`` psi is only reported): Antoniak table counts
    m_ik ~ sum_l Bernoulli(beta psi_k / (beta psi_k + l)), then psi ~ Dir(alpha/K + sum_i m_ik), in log space.
 
@@ -31,7 +33,7 @@ gives ``init(key, problem) -> State`` (z ~ U{1..K}, Algorithm 2's initialisation
 draws); ``problem`` is a ``Problem`` (pair statistics, and the events for ``kernel="paper"``). Chains,
 warm-up and thinning are ``inference.loop.sample_chains``'s.
 
-``kernel="paper"`` replaces step 2's block update by the paper's per-event rank-one Algorithm 1/2 on
+``kernel="paper"`` replaces step 1's block update by the paper's per-event rank-one Algorithm 1/2 on
 H_k = D_k^-1: remove the pair's events from its cluster by eq. (9), evaluate the sequential predictive for
 every k with eq. (8) updates (predictive BEFORE the update, erratum E3), then add the events to the
 chosen cluster by eq. (8); O(K N_ij F^2) per pair. Same conditionals, so with the same keys it follows
@@ -207,12 +209,11 @@ def _paper_pair_update(carry, xs, hyper: Hyper, prior: str, ev: Events):
 
 
 def sweep(key, state: State, problem: Problem, hyper: Hyper, prior: str = "exact", kernel: str = "block"):
-    """One systematic-scan sweep over all pairs, then the psi update. Returns ``(state, Info)``."""
+    """One systematic-scan sweep over all pairs, then the psi update. Returns ``(state, Info)``. ``state``'s
+    (D, c, logZ) must be the exact sums of its labels (``state_from_labels``; every sweep returns them so)."""
     pdat, events, real = problem
     k_gumbel, k_tables, k_psi = jax.random.split(key, 3)
     E = state.z.shape[0]
-    D, c, logZ = cluster_state(pdat.Gs, pdat.gs, state.z, hyper.K, hyper.delta)
-    state = state._replace(D=D, c=c, logZ=logZ)
     gumbel = jax.random.gumbel(k_gumbel, (E, hyper.K))
     xs = (pdat.Gs, pdat.gs, pdat.const, pdat.agent, gumbel, jnp.arange(E))
     guard = (lambda f: f) if real is None else _keep_padded
@@ -221,24 +222,25 @@ def sweep(key, state: State, problem: Problem, hyper: Hyper, prior: str = "exact
         state, changed = jax.lax.scan(guard(lambda s, x: _block_pair_update(s, x, hyper, prior)), state, xs)
     else:
         (state, _), changed = jax.lax.scan(guard(lambda s, x: _paper_pair_update(s, x, hyper, prior, events)),
-                                           (state, jnp.linalg.inv(D)), xs)
-        # the rank-one updates carry H_k = D_k^-1, not D_k: rebuild (D, c, logZ) from the new labels so that
-        # the draws (collect) pair a current D_k with the current c_k
-        D, c, logZ = cluster_state(pdat.Gs, pdat.gs, state.z, hyper.K, hyper.delta)
-        state = state._replace(D=D, c=c, logZ=logZ)
+                                           (state, jnp.linalg.inv(state.D)), xs)
+    # exact sums of the new labels (the block updates' D carries the rounding of E additions and removals; the
+    # rank-one updates carry H_k = D_k^-1, not D_k), so the draws (collect) pair a current D_k with c_k
+    D, c, logZ = cluster_state(pdat.Gs, pdat.gs, state.z, hyper.K, hyper.delta)
     m = antoniak_table_totals(k_tables, state.z, pdat.agent, state.log_psi, hyper.beta, hyper.K, hyper.n_agents,
                               real)
     log_psi = sample_log_dirichlet(k_psi, hyper.alpha / hyper.K + m)
-    state = state._replace(log_psi=log_psi)
-    return state, Info(log_joint(state, pdat, hyper, real), jnp.sum(changed))
+    state = state._replace(D=D, c=c, logZ=logZ, log_psi=log_psi)
+    return state, Info(log_joint(state, pdat, hyper, real, exact=True), jnp.sum(changed))
 
 
-def log_joint(state: State, pdat: PairData, hyper: Hyper, real=None):
+def log_joint(state: State, pdat: PairData, hyper: Hyper, real=None, exact: bool = False):
     """Collapsed log joint log p(y | z) + log p(z | psi) + log Dir(psi | alpha/K) (notes §3.4, [ours];
-    ``common.collapsed_log_joint``); ``real``: the pair mask (padded pairs' const left out)."""
-    D, c, _ = cluster_state(pdat.Gs, pdat.gs, state.z, hyper.K, hyper.delta)
+    ``common.collapsed_log_joint``); ``real``: the pair mask (padded pairs' const left out). ``exact``: the
+    state's (D, c, logZ) are the exact sums of its labels (as ``sweep`` returns them), else they are recomputed."""
+    D, c, logZ = (state.D, state.c, state.logZ) if exact else cluster_state(pdat.Gs, pdat.gs, state.z, hyper.K,
+                                                                            hyper.delta)
     const = pdat.const if real is None else jnp.where(real, pdat.const, 0.0)
-    return collapsed_log_joint(D, c, jnp.sum(const), state.n_agent, state.log_psi, hyper)
+    return collapsed_log_joint(D, c, jnp.sum(const), state.n_agent, state.log_psi, hyper, logZ)
 
 
 def events_by_pair(X, y, pair, n_pairs) -> Events:

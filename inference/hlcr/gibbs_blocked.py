@@ -62,8 +62,13 @@ from inference.hlcr.common import (
     SamplerKernel,
     antoniak_table_totals,
     collapsed_log_joint,
+    conditional_keys,
+    conditional_normals,
     draw_conditionals,
+    gamma_keys,
+    gamma_normals,
     make_hyper,
+    normals,
     pair_data,
     prior_precision,
     run_label_chains,
@@ -153,9 +158,12 @@ def parameters_given_labels(key, z, log_psi, problem: Problem, hyper: Hyper):
     """Steps 2-4: (psi, w, theta) given the labels. Returns the new log psi, w, log theta and (D, c, counts)."""
     k_tables, k_psi, k_cond = jax.random.split(key, 3)
     D, c, n_agent = label_statistics(z, problem, hyper)
+    # every standard normal of the block (psi's and theta's Gamma proposals, w's noise) through one erf_inv
+    k_psi, k_cond = gamma_keys(k_psi), conditional_keys(k_cond)
+    x_psi, *drawn = normals(gamma_normals(k_psi, log_psi.shape), *conditional_normals(k_cond, c.shape, n_agent.shape))
     m = antoniak_table_totals(k_tables, z, problem.agent, log_psi, hyper.beta, hyper.K, hyper.n_agents, problem.real)
-    log_psi = sample_log_dirichlet(k_psi, hyper.alpha / hyper.K + m)
-    w, theta = draw_conditionals(k_cond, D, c, n_agent, log_psi, hyper.beta)
+    log_psi = sample_log_dirichlet(k_psi, hyper.alpha / hyper.K + m, x_psi)
+    w, theta = draw_conditionals(k_cond, D, c, n_agent, log_psi, hyper.beta, drawn)
     return log_psi, w, jnp.log(theta), (D, c, n_agent)
 
 

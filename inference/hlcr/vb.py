@@ -55,6 +55,7 @@ from inference.hlcr.common import (
     TINY_LOG,
     Hyper,
     PairData,
+    at_once,
     cluster_sums,
     make_hyper,
     pair_data,
@@ -84,7 +85,9 @@ def _update_w(r, pdat: PairData, hyper: Hyper):
 
 
 def _elogtheta(a):
-    return digamma(a) - digamma(a.sum(-1, keepdims=True))
+    """E_q[log theta] = digamma(a) - digamma(sum_k a_k) (one digamma call: ``common.at_once``)."""
+    d_a, d_sum = at_once(digamma, a, a.sum(-1, keepdims=True))
+    return d_a - d_sum
 
 
 def _psi_objective(u, elog_sum, hyper: Hyper):
@@ -130,8 +133,10 @@ def _update_theta(r, log_psi, pdat: PairData, hyper: Hyper):
     return hyper.beta * jnp.exp(log_psi) + jax.ops.segment_sum(r, pdat.agent, num_segments=hyper.n_agents)
 
 
-def _update_z(m, S, a, pdat: PairData, w=None):
-    logits = _expected_loglik(m, S, pdat) + _elogtheta(a)[pdat.agent]
+def _update_z(m, S, a, pdat: PairData, w=None, parts=None):
+    """q(z); ``parts``: (``_expected_loglik(m, S, pdat)``, ``_elogtheta(a)``) where the caller has them."""
+    ell, elog = (_expected_loglik(m, S, pdat), _elogtheta(a)) if parts is None else parts
+    logits = ell + elog[pdat.agent]
     r = jax.nn.softmax(logits, axis=-1)
     return r if w is None else r * w[:, None]
 
@@ -141,8 +146,9 @@ def theta_terms(a, elog, log_psi, beta):
     lgamma(beta) - sum_k lgamma(beta psi_k) + sum_k (beta psi_k - 1) E[log theta_ik] - lgamma(sum_k a_ik)
     + sum_k lgamma(a_ik) - sum_k (a_ik - 1) E[log theta_ik]."""
     bp = beta * jnp.exp(log_psi)
-    return jnp.sum(gammaln(beta) - gammaln(bp).sum() + jnp.sum((bp - 1) * elog, -1)
-                   - gammaln(a.sum(-1)) + jnp.sum(gammaln(a), -1) - jnp.sum((a - 1) * elog, -1))
+    g_beta, g_bp, g_sum, g_a = at_once(gammaln, beta, bp, a.sum(-1), a)
+    return jnp.sum(g_beta - g_bp.sum() + jnp.sum((bp - 1) * elog, -1)
+                   - g_sum + jnp.sum(g_a, -1) - jnp.sum((a - 1) * elog, -1))
 
 
 def w_psi_terms(m, S, log_psi, hyper: Hyper):
@@ -152,7 +158,8 @@ def w_psi_terms(m, S, log_psi, hyper: Hyper):
     t_w = jnp.sum(-F * jnp.log(hyper.delta) - (jnp.sum(m**2, -1) + jnp.trace(S, axis1=-2, axis2=-1))
                   / (2 * hyper.delta**2) + 0.5 * logdet + 0.5 * F)
     a0 = hyper.alpha / K
-    return t_w + gammaln(hyper.alpha) - K * gammaln(a0) + (a0 - 1) * jnp.sum(log_psi)
+    g_alpha, g_a0 = at_once(gammaln, hyper.alpha, a0)
+    return t_w + g_alpha - K * g_a0 + (a0 - 1) * jnp.sum(log_psi)
 
 
 def entropy_z(r):
@@ -160,11 +167,11 @@ def entropy_z(r):
     return -jnp.sum(jnp.where(r > 0, r * jnp.log(jnp.where(r > 0, r, 1.0)), 0.0))
 
 
-def elbo(state: State, pdat: PairData, hyper: Hyper):
-    """The closed-form bound of the module docstring."""
+def elbo(state: State, pdat: PairData, hyper: Hyper, parts=None):
+    """The closed-form bound of the module docstring; ``parts``: as ``_update_z``'s."""
     r, m, S, a, log_psi = state
-    elog = _elogtheta(a)
-    t_z = jnp.sum(r * (_expected_loglik(m, S, pdat) + elog[pdat.agent])) + entropy_z(r)
+    ell, elog = (_expected_loglik(m, S, pdat), _elogtheta(a)) if parts is None else parts
+    t_z = jnp.sum(r * (ell + elog[pdat.agent])) + entropy_z(r)
     return t_z + theta_terms(a, elog, log_psi, hyper.beta) + w_psi_terms(m, S, log_psi, hyper)
 
 
@@ -185,9 +192,10 @@ def iterate(state: State, pdat: PairData, hyper: Hyper, w=None) -> tuple[State, 
     m, S = _update_w(state.r, pdat, hyper)
     log_psi = _update_psi(state.log_psi, state.a, hyper)
     a = _update_theta(state.r, log_psi, pdat, hyper)
-    r = _update_z(m, S, a, pdat, w)
+    parts = (_expected_loglik(m, S, pdat), _elogtheta(a))      # q(z)'s and the bound's, computed once
+    r = _update_z(m, S, a, pdat, w, parts)
     new = State(r, m, S, a, log_psi)
-    return new, Info(elbo(new, pdat, hyper))
+    return new, Info(elbo(new, pdat, hyper, parts))
 
 
 class Kernel(NamedTuple):
