@@ -54,3 +54,107 @@ def mvn_variates(rng: np.random.Generator, mean, chol, size: tuple) -> np.ndarra
     """mean + L eps, eps ~ N(0, I), for ``size`` leading axes before mean's shape."""
     eps = rng.standard_normal((*size, *np.shape(mean)))
     return mean + np.einsum("...ij,...j->...i", chol, eps)
+
+
+# --- jax.random's threefry draws and NumPyro's constraint transforms, replayed on the host (AutoNormal's q) ---
+
+def threefry_native() -> bool:
+    """Whether ``jax.random`` keys are JAX's default partitionable threefry-2x32, the keys these functions replay."""
+    import jax
+
+    return jax.config.jax_default_prng_impl == "threefry2x32" and bool(jax.config.jax_threefry_partitionable)
+
+
+def threefry_split(keys: np.ndarray, num: int = 2) -> np.ndarray:
+    """``jax.random.split`` of each key in ``keys`` (uint32 words, shape ``(..., 2)``): shape ``(..., num, 2)``,
+    row ``i`` the threefry-2x32 of the counter ``(0, i)`` (``inference.host_keys``: JAX's default partitionable
+    threefry, bit for bit)."""
+    from inference.host_keys import threefry2x32
+
+    k = np.asarray(keys, np.uint32)[..., None, :]
+    a, b = threefry2x32(k[..., 0], k[..., 1], np.zeros(num, np.uint32), np.arange(num, dtype=np.uint32))
+    return np.stack([a, b], axis=-1)
+
+
+def threefry_normal(keys: np.ndarray, shape: tuple) -> np.ndarray:
+    """``jax.random.normal(key, shape)`` in float64 for each key in ``keys`` (shape ``(..., 2)``): shape
+    ``(..., *shape)``. JAX's recipe: 64 random bits per element (threefry-2x32 of the element's flat index as the
+    counter ``(hi, lo)``, the two output words as the high and low half), their top 52 bits as the mantissa of a
+    float in [1, 2), minus 1, mapped onto ``[nextafter(-1, 0), 1)``, then ``sqrt(2) erfinv(u)``. Equal to JAX's
+    up to the last bits of ``erfinv`` (SciPy's against XLA's polynomial)."""
+    from inference.host_keys import threefry2x32
+
+    size = int(np.prod(shape, dtype=np.int64))
+    index = np.arange(size, dtype=np.uint64)
+    k = np.asarray(keys, np.uint32)[..., None, :]
+    hi, lo = threefry2x32(k[..., 0], k[..., 1], (index >> np.uint64(32)).astype(np.uint32),
+                         (index & np.uint64(0xFFFFFFFF)).astype(np.uint32))
+    bits = (hi.astype(np.uint64) << np.uint64(32)) | lo.astype(np.uint64)
+    floats = ((bits >> np.uint64(12)) | np.float64(1.0).view(np.uint64)).view(np.float64) - 1.0
+    low = np.nextafter(-1.0, 0.0)
+    u = np.maximum(low, floats * (1.0 - low) + low)
+    return (np.sqrt(2.0) * special.erfinv(u)).reshape(*np.shape(keys)[:-1], *shape)
+
+
+def _clipped_expit(z):
+    """NumPyro's sigmoid, clipped to [tiny, 1 - eps] so that a simplex or unit-interval value is never 0 or 1."""
+    f = np.finfo(np.float64)
+    return np.clip(special.expit(z), f.tiny, 1.0 - f.eps)
+
+
+def _softplus(z):
+    return np.logaddexp(z, 0.0)
+
+
+def identity_transform(z):
+    """(x, log|dx/dz|) of the identity: elementwise."""
+    return z, np.zeros_like(z)
+
+
+def exp_transform(z):
+    """(exp z, z): the positive reals, elementwise."""
+    return np.exp(z), z
+
+
+def softplus_transform(z):
+    """(softplus z, log sigmoid z): the positive reals by softplus, elementwise."""
+    return _softplus(z), -_softplus(-z)
+
+
+def sigmoid_transform(z):
+    """(sigmoid z clipped, -softplus(z) - softplus(-z)): the unit interval, elementwise."""
+    return _clipped_expit(z), -_softplus(z) - _softplus(-z)
+
+
+def affine_transform(loc, scale):
+    """x = loc + scale z, log|dx/dz| = log|scale| (elementwise, broadcast to z)."""
+    def forward(z):
+        return loc + scale * z, np.broadcast_to(np.log(np.abs(scale)), np.shape(z))
+    return forward
+
+
+def stick_breaking_transform(z):
+    """(x, log|det dx/dz|) of the stick-breaking map from R^(K-1) (last axis) onto the K-simplex, as NumPyro's
+    ``StickBreakingTransform``: z_k shifted by -log(K-1-k) (so z = 0 maps to the uniform point), fractions
+    s_k = sigmoid, x_k = s_k prod_{j<k} (1 - s_j), x_K the rest; log|det J| = sum_k log x_k + log s_k - z_k
+    (over the shifted z, k < K), one value per vector."""
+    k = z.shape[-1]
+    shifted = z - np.log(k - np.arange(k))
+    s = _clipped_expit(shifted)
+    rest = np.cumprod(1.0 - s, axis=-1)
+    ones = np.ones((*z.shape[:-1], 1))
+    x = np.concatenate([s, ones], axis=-1) * np.concatenate([ones, rest], axis=-1)
+    log_sigmoid = -_softplus(-shifted)
+    return x, np.sum(np.log(x[..., :-1]) + log_sigmoid - shifted, axis=-1)
+
+
+def compose(*forwards):
+    """The transforms ``forwards`` applied in order; their log|det J|s add (each summed to one value per draw:
+    the caller only needs the total, and a stick-breaking step has fewer elements than its input)."""
+    def forward(z):
+        total = np.zeros(z.shape[:1])
+        for f in forwards:
+            z, ldj = f(z)
+            total = total + np.reshape(ldj, (ldj.shape[0], -1)).sum(1)
+        return z, total
+    return forward

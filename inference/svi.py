@@ -41,6 +41,7 @@ from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoGuide, AutoLowRankMultivariateNormal, AutoMultivariateNormal, AutoNormal
 from tqdm.auto import tqdm
 
+from inference import host_draws as hd
 from inference import host_keys, programs
 from inference._init_strategies import INIT_STRATEGIES
 from inference._methods import Draws, FitContext, Option, register_method
@@ -141,8 +142,9 @@ class SVIPrograms(NamedTuple):
     """The compiled programs of one SVI configuration; ``arrays`` are the model's data arrays."""
 
     init: Callable[..., Any]   # (key, arrays) -> SVIState (NumPyro's SVI.init)
-    steps: Callable[..., Any]  # (state, arrays, first, num_steps) -> (state, losses[CHUNK_STEPS]): Adam steps
-    #                            first, ..., first + CHUNK_STEPS - 1; those >= num_steps are skipped (loss NaN)
+    steps: Callable[..., Any]  # (state, arrays, first, num_steps) -> (state, losses[CHUNK_STEPS], params): Adam
+    #                            steps first, ..., first + CHUNK_STEPS - 1; those >= num_steps are skipped (loss
+    #                            NaN); params = SVI.get_params(state) after them (constrained, as NumPyro's)
     draw: Callable[..., Any]   # (state, keys[DRAW_BLOCK], arrays) -> (params, draws, log_q): one draw per key
 
 
@@ -169,7 +171,8 @@ def _programs(model, static: tuple, settings: tuple) -> SVIPrograms:
         svi, _, kwargs, _ = fresh(arrays, jax.random.key(0))
         skip = lambda s: (s, jnp.full((), jnp.nan))
         one = lambda s, t: jax.lax.cond(t < num_steps, lambda s: svi.stable_update(s, **kwargs), skip, s)
-        return jax.lax.scan(one, state, first + jnp.arange(CHUNK_STEPS))
+        state, losses = jax.lax.scan(one, state, first + jnp.arange(CHUNK_STEPS))
+        return state, losses, svi.get_params(state)
 
     def draw(state, keys, arrays):
         svi, guide, kwargs, _ = fresh(arrays, jax.random.key(0))
@@ -194,6 +197,86 @@ def draw_from(programs: SVIPrograms, state, key, arrays, num_samples: int) -> tu
         blocks.append((draws, log_q))
     draws, log_q = jax.tree.map(lambda *a: np.concatenate(a)[:num_samples], *blocks)
     return params, draws, log_q
+
+
+def _host_forward(transform):
+    """The NumPy ``z -> (x, log|det J| summed per draw)`` of a NumPyro constraint transform, or None where the host
+    does not implement it (or its parameters are only known inside a trace, e.g. data-dependent bounds)."""
+    from numpyro.distributions import transforms as T
+
+    if isinstance(transform, T.IndependentTransform):
+        return _host_forward(transform.base_transform)
+    if type(transform) is T.ComposeTransform:
+        parts = [_host_forward(t) for t in transform.parts]
+        return None if any(p is None for p in parts) else hd.compose(*parts)
+    if type(transform) is T.AffineTransform:
+        if any(isinstance(v, jax.core.Tracer) for v in (transform.loc, transform.scale)):
+            return None
+        return hd.compose(hd.affine_transform(np.asarray(transform.loc, float), np.asarray(transform.scale, float)))
+    simple = {T.IdentityTransform: hd.identity_transform, T.ExpTransform: hd.exp_transform,
+              T.SoftplusTransform: hd.softplus_transform, T.SigmoidTransform: hd.sigmoid_transform,
+              T.StickBreakingTransform: hd.stick_breaking_transform}
+    forward = simple.get(type(transform))
+    return None if forward is None else hd.compose(forward)
+
+
+@programs.cached(maxsize=16)
+def _host_plan(model, static: tuple, shapes: tuple) -> tuple | None:
+    """AutoNormal's q site by site, for drawing on the host: ``((site, forward), ...)`` in the model's order (the
+    order the guide samples them, so the order its seed handler hands out keys), ``forward`` the NumPy form of
+    ``biject_to(support)``; None when a latent site's transform is not one the host implements or the model
+    subsamples a plate (AutoNormal's draws then depend on more than its parameters). The model is traced
+    abstractly (``jax.eval_shape``: nothing compiles), once per (model, non-array arguments, data shapes)."""
+    from numpyro.distributions import biject_to
+
+    plan: list = []
+
+    def trace(arrays):
+        tr = handlers.trace(handlers.seed(model, jax.random.key(0))).get_trace(**dict(static), **arrays)
+        for name, site in tr.items():
+            if site["type"] == "plate" and site["args"][1] not in (None, site["args"][0]):
+                plan.append((name, None))
+            if site["type"] == "sample" and not site["is_observed"]:
+                plan.append((name, _host_forward(biject_to(site["fn"].support))))
+        return 0
+
+    jax.eval_shape(trace, {k: jax.ShapeDtypeStruct(shape, dtype) for k, shape, dtype in shapes})
+    return None if any(forward is None for _, forward in plan) else tuple(plan)
+
+
+def host_plan(model, model_kwargs, options) -> tuple | None:
+    """``_host_plan`` for a fit with ``options``, or None where the compiled draw program is used instead: another
+    guide than ``"normal"`` (AutoNormal), a guide function, or keys that are not JAX's default threefry."""
+    if options["guide"] != "normal" or not hd.threefry_native():
+        return None
+    arrays, static = split_arguments(model_kwargs)
+    shapes = tuple((k, tuple(np.shape(v)), str(np.asarray(v).dtype)) for k, v in sorted(arrays.items()))
+    return _host_plan(model, static, shapes)
+
+
+def host_draws(plan: tuple, params: dict, key, num_samples: int) -> tuple[dict, np.ndarray] | None:
+    """(draws, log q) of ``num_samples`` draws from the fitted AutoNormal, in NumPy, the same draws as the
+    compiled ``draw_with_log_q`` (draw ``i`` seeded with ``split(key, num_samples)[i]``; in the guide, site ``j``
+    takes the second half of the ``j``-th split of that key, as NumPyro's ``seed`` handler does; its Normal
+    noise is ``jax.random.normal``'s, ``inference.host_draws.threefry_normal``): z = loc + scale eps in the
+    unconstrained space (``<site>_auto_loc``, ``<site>_auto_scale``), x = T(z), log q(x) = sum log N(z | loc,
+    scale) - log|det dT/dz| (the density of NumPyro's ``TransformedDistribution``, at z itself rather than
+    T^-1(x)). None when ``params`` are not exactly the plan's sites' loc and scale (then the caller draws
+    compiled)."""
+    locs = {k[:-len("_auto_loc")] for k in params if k.endswith("_auto_loc")}
+    if locs != {name for name, _ in plan} or len(params) != 2 * len(plan):
+        return None
+    keys = host_keys.words(host_keys.split(key, num_samples)).reshape(num_samples, 2)
+    draws, log_q = {}, np.zeros(num_samples)
+    with np.errstate(all="ignore"):   # a diverged fit overflows here: check_fit names it, with advice
+        for name, forward in plan:
+            halves = hd.threefry_split(keys)
+            keys, sub = halves[:, 0], halves[:, 1]
+            loc, scale = np.asarray(params[f"{name}_auto_loc"]), np.asarray(params[f"{name}_auto_scale"])
+            z = loc + hd.threefry_normal(sub, loc.shape) * scale
+            draws[name], log_det = forward(z)
+            log_q = log_q + hd.normal_log_pdf(z, loc, scale).reshape(num_samples, -1).sum(1) - log_det
+    return draws, log_q
 
 
 def programs_for(model, model_kwargs, options) -> tuple[SVIPrograms, dict]:
@@ -251,11 +334,17 @@ def run_svi(ctx: FitContext) -> Draws:
     state, losses = programs.init(k_fit, arrays), []
     with tqdm(total=n, desc="svi", disable=not progress_enabled(o["progress"]), leave=False) as bar:
         for first in range(0, n, CHUNK_STEPS):
-            state, chunk = programs.steps(state, arrays, np.int64(first), np.int64(n))
+            state, chunk, params = programs.steps(state, arrays, np.int64(first), np.int64(n))
             losses.append(jax.device_get(chunk))  # waits for the chunk: the bar shows steps done, not queued
             bar.update(min(CHUNK_STEPS, n - first))
     elbo = -np.concatenate(losses)[:n]
-    params, draws, log_q = draw_from(programs, state, k_draw, arrays, o["num_samples"])
+    plan = host_plan(ctx.spec.model, ctx.model_kwargs, o)
+    params = jax.tree.map(np.asarray, jax.device_get(params))
+    drawn = None if plan is None else host_draws(plan, params, k_draw, o["num_samples"])
+    if drawn is None:   # not AutoNormal, or a site the host does not implement: the compiled draw program
+        params, draws, log_q = draw_from(programs, state, k_draw, arrays, o["num_samples"])
+    else:
+        draws, log_q = drawn
     check_fit(elbo, params, draws, log_q, o)
     tail = elbo[-max(1, n // 20):]
     return Draws(posterior={k: np.asarray(v)[None] for k, v in draws.items()},
