@@ -14,9 +14,12 @@ parameters are stored in group ``variational``. There is no closed-form bound: t
 
 Compiled once per (model, non-array model arguments, guide settings, data shapes), like ``nuts._sampling_program``: the
 data arrays are arguments of three cached programs (``_programs``: initialise, a chunk of ``CHUNK_STEPS`` Adam
-steps, ``DRAW_BLOCK`` draws), so a second fit on data of the same shapes (another seed, another data set, another
-``num_steps`` or ``num_samples``) compiles nothing. The initialisation and the draws run once per fit: they are
-compiled with ``programs.ONE_SHOT`` (XLA's backend optimisation off), the steps with XLA's default. NumPyro's
+steps returning the fitted parameters too, ``DRAW_BLOCK`` draws), so a second fit on data of the same shapes (another
+seed, another data set, another ``num_steps`` or ``num_samples``) compiles nothing. The initialisation and the draws
+run once per fit: they are compiled with ``programs.ONE_SHOT`` (XLA's backend optimisation off), the steps with XLA's
+default. AutoNormal (``guide="normal"``, every demo fit) needs no draw program where each latent site's transform is
+one the host implements (``host_plan``: identity, exp, softplus, sigmoid, affine, stick-breaking, and compositions):
+``host_draws`` replays its seeded draws and log q in NumPy from the fitted locations and scales. NumPyro's
 autoguides set themselves up on their first call from that call's data (the prototype trace, the initial locations,
 the constraint transforms), so each program builds its own guide and ``SVI`` inside its trace: a guide object kept
 between fits would carry the first fit's data into the next.
