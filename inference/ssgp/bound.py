@@ -24,13 +24,14 @@ Rigon 2019), also below the model-space ELBO. tests/test_log_q.py checks all thr
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import cho_factor, cho_solve
 from jax.scipy.special import log_ndtr
 
-from inference.ssgp.hfunction import inv_moment, log_h
+from inference.ssgp.hfunction import log_h
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -42,23 +43,40 @@ def omega(xi):
     return jnp.where(small, 0.125 - xi**2 / 96.0, jnp.tanh(safe / 2.0) / (4.0 * safe))
 
 
-def e_sigma_inv2(cfg, st):
-    return inv_moment(2.0 * cfg.m - 2.0, st.C_sig, cfg.A_sigma**2, 2.0)
+class ScaleMoments(NamedTuple):
+    """log H(p, C, r) and E[s^-2] = H(p+2, C, r)/H(p, C, r) of q(sigma), q(gamma) (LMM) and q(tau_t) at a state."""
+    lh_sigma: jax.Array   # ()
+    E_sigma: jax.Array    # ()   E[sigma^-2]
+    lh_gamma: jax.Array   # ()   (LMM; else 0)
+    E_gamma: jax.Array    # ()   E[gamma^-2] (LMM; else 1)
+    lh_tau: jax.Array     # (T,)
+    E_tau: jax.Array      # (T,) E[tau_t^-2]
 
 
-def e_gamma_inv2(cfg, st, n):
-    """E[gamma^-2] under q(gamma) (n observations)."""
-    return inv_moment(n - 2.0, st.C_gam, cfg.A_gamma**2, 2.0)
+def scale_moments(cfg, st, n) -> ScaleMoments:
+    """The H functions of every scale factor at ``st`` (q(sigma): p = 2m - 2, q(gamma): p = n - 2, q(tau_t):
+    p = J - 2; notes §3.2, §3.5) in one batched ``log_h`` over the 2 (2 + T) values of p and p + 2: a sweep
+    computes them once per state, so its program holds one quadrature grid (``n`` observations)."""
+    gauss = cfg.likelihood == "gaussian"
+    p = [2.0 * cfg.m - 2.0] + ([n - 2.0] if gauss else []) + [jnp.full(cfg.T, cfg.J - 2.0)]
+    C = [st.C_sig] + ([st.C_gam] if gauss else []) + [st.C_tau]
+    r = [cfg.A_sigma**2] + ([cfg.A_gamma**2] if gauss else []) + [jnp.full(cfg.T, cfg.A_tau**2)]
+    p, C, r = (jnp.concatenate([jnp.ravel(jnp.asarray(v, dtype=jnp.float64)) for v in a]) for a in (p, C, r))
+    lh = log_h(jnp.concatenate([p, p + 2.0]), jnp.concatenate([C, C]), jnp.concatenate([r, r]))
+    k = p.shape[0]
+    lh0, E = lh[:k], jnp.exp(lh[k:] - lh[:k])
+    g = 1 if gauss else 0
+    return ScaleMoments(lh0[0], E[0], lh0[1] if gauss else jnp.asarray(0.0), E[1] if gauss else jnp.asarray(1.0),
+                        lh0[1 + g:], E[1 + g:])
 
 
-def e_tau_inv2(cfg, st):
-    return jax.vmap(lambda c: inv_moment(cfg.J - 2.0, c, cfg.A_tau**2, 2.0))(st.C_tau)
-
-
-def pseudo(cfg, data, st):
-    """(w, yt): the weighted Gaussian pseudo-likelihood of the current factors (notes §3.1)."""
+def pseudo(cfg, data, st, E_gamma=None):
+    """(w, yt): the weighted Gaussian pseudo-likelihood of the current factors (notes §3.1); LMM: ``E_gamma`` =
+    E[gamma^-2] at ``st`` (``scale_moments``), computed here if not given."""
     if cfg.likelihood == "gaussian":
-        return data.mask * e_gamma_inv2(cfg, st, data.n_obs), data.y
+        if E_gamma is None:
+            E_gamma = scale_moments(cfg, st, data.n_obs).E_gamma
+        return data.mask * E_gamma, data.y
     if cfg.likelihood == "probit":
         mu = st.EZ @ st.mu_a + data.Af @ st.mu_b
         sgn = 2.0 * data.y - 1.0
@@ -69,11 +87,11 @@ def pseudo(cfg, data, st):
     return data.mask * 2.0 * om, (data.y - 0.5) / (2.0 * om)
 
 
-def prior_prec_beta(cfg, data, st):
-    """Diagonal prior precision of beta: 1/var_fixed, 1/var_beta, E[tau_t^-2] (notes §2.6)."""
+def prior_prec_beta(cfg, data, E_tau):
+    """Diagonal prior precision of beta: 1/var_fixed, 1/var_beta, E[tau_t^-2] (``E_tau``; notes §2.6)."""
     if cfg.T == 0:
         return data.prec_fixed
-    return data.prec_fixed + data.re_term @ e_tau_inv2(cfg, st)
+    return data.prec_fixed + data.re_term @ E_tau
 
 
 def _logdet_spd(P):
@@ -107,9 +125,9 @@ def lower_bound(cfg, data, st):
     logit: the Jaakkola-Jordan bound at ``st.xi``."""
     m, d = cfg.m, cfg.d
     trM = jnp.trace(st.Sig_a) + st.mu_a @ st.mu_a
-    Es = e_sigma_inv2(cfg, st)
+    mom = scale_moments(cfg, st, data.n_obs)
     L = m * math.log(m) - m * LOG_2PI + math.log(2 * cfg.A_sigma / math.pi) + \
-        log_h(2.0 * m - 2.0, st.C_sig, cfg.A_sigma**2) + Es * (st.C_sig - 0.5 * m * trM)
+        mom.lh_sigma + mom.E_sigma * (st.C_sig - 0.5 * m * trM)
     dl = st.mu_lam - data.mu_lam0
     L += 0.5 * (jnp.linalg.slogdet(data.P_lam0 @ st.Sig_lam)[1] + d - jnp.trace(data.P_lam0 @ st.Sig_lam)
                 - dl @ data.P_lam0 @ dl)
@@ -119,10 +137,9 @@ def lower_bound(cfg, data, st):
     pf = jnp.where(fixed, data.prec_fixed, 1.0)
     L += jnp.sum(jnp.where(fixed, -0.5 * LOG_2PI + 0.5 * jnp.log(pf) - 0.5 * pf * eb2, 0.0))
     if cfg.T > 0:
-        Et = e_tau_inv2(cfg, st)
         ssq = data.re_term.T @ eb2
-        lh = jax.vmap(lambda c: log_h(cfg.J - 2.0, c, cfg.A_tau**2))(st.C_tau)
-        L += jnp.sum(-0.5 * cfg.J * LOG_2PI + math.log(2 * cfg.A_tau / math.pi) + lh + Et * (st.C_tau - 0.5 * ssq))
+        L += jnp.sum(-0.5 * cfg.J * LOG_2PI + math.log(2 * cfg.A_tau / math.pi) + mom.lh_tau
+                     + mom.E_tau * (st.C_tau - 0.5 * ssq))
     # entropy of q(alpha, beta) (= the notes' 1/2 log|Sigma_a| + m(1 + log 2 pi) + beta entropy when the
     # factorisation is mean-field)
     L += 0.5 * (2 * m + cfg.s) * (1.0 + LOG_2PI) + 0.5 * _logdet_spd(joint_cov(st))
@@ -143,6 +160,5 @@ def lower_bound(cfg, data, st):
         return L + jnp.sum(mask * log_ndtr(sgn * mu)) - 0.5 * (sum_eta2 - jnp.sum(mask * mu**2))
     ssr = jnp.sum(mask * (data.y**2 - 2.0 * data.y * mu)) + sum_eta2
     n = data.n_obs
-    Eg = e_gamma_inv2(cfg, st, n)
     return L - 0.5 * n * LOG_2PI + math.log(2 * cfg.A_gamma / math.pi) + \
-        log_h(n - 2.0, st.C_gam, cfg.A_gamma**2) + Eg * (st.C_gam - 0.5 * ssr)
+        mom.lh_gamma + mom.E_gamma * (st.C_gam - 0.5 * ssr)

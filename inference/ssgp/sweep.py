@@ -31,7 +31,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from inference.ssgp.bound import e_gamma_inv2, e_sigma_inv2, eta_moments, inv_spd, lower_bound, prior_prec_beta, pseudo
+from inference.ssgp.bound import eta_moments, inv_spd, lower_bound, prior_prec_beta, pseudo, scale_moments
 from inference.ssgp.features import expectations, ncvmp_terms, quad_features
 
 INNER = 10  # CAVI passes over (alpha, beta, scales[, y*]) per lam step (``_coefficients_and_scales``)
@@ -92,52 +92,57 @@ def _refresh_xi(cfg, data, st):
     return st._replace(qz=qz, xi=jnp.sqrt(jnp.maximum(qz + 2.0 * (f * re + cross) + aq, 0.0)))
 
 
-def sweep(cfg, data, st, a, f2_coef=-0.25, lam=None, b=0.0):
+def sweep(cfg, data, st, a, f2_coef=-0.25, lam=None, b=0.0, pseudo_data=None):
     """One coordinate-ascent sweep with NCVMP step ``a`` (notes §3.3 steps 1-7) and its lower bound.
 
-    ``lam``: the (g, P) of ``lam_terms`` at ``st``, if already computed. ``b`` > 0 also tries starting steps 4-7
+    ``lam``: the (g, P) of ``lam_terms`` at ``st``, and ``pseudo_data`` its (w, yt) (``pseudo``), if already
+    computed. ``b`` > 0 also tries starting steps 4-7
     from the coefficient scales extrapolated along their last change, (C_sigma, C_tau) + b dC, and keeps
     whichever of the two sweeps ends with the higher bound (``b`` used, or 0). Both end with the exact CAVI
     update of every C, so the bound stays exact; the extrapolation only speeds up the slow EM-like drift of
     C_sigma (sigma is weakly identified: C_sigma crept by ~0.07 per sweep for hundreds of sweeps at n = 2000)."""
-    w, yt = pseudo(cfg, data, st)                                     # 1
+    w, yt = pseudo(cfg, data, st) if pseudo_data is None else pseudo_data   # 1
     g, P = lam_terms(cfg, data, st, w, yt, f2_coef) if lam is None else lam
     mu_lam, Sig_lam, a_used = lam_update(st, g, P, a)                 # 2
     EZ, ZWZ = expectations(cfg, data.X, _exp_weights(cfg, data, w), data.S, mu_lam, Sig_lam)  # 3
     st0 = st
     st = st._replace(mu_lam=mu_lam, Sig_lam=Sig_lam, EZ=EZ, ZWZ=ZWZ, a=a_used)
-    plain = _coefficients_and_scales(cfg, data, st)
     if isinstance(b, float) and b == 0.0:
-        new = plain._replace(b=jnp.asarray(0.0))
+        new = _coefficients_and_scales(cfg, data, st)._replace(b=jnp.asarray(0.0))
     else:
+        # both starts of steps 4-7 in one vmapped pass (one copy of them in the compiled program)
         C = jnp.concatenate([st.C_sig[None], st.C_tau])
         C_ext = C + b * st.dC
         C_ext = jnp.where(C_ext > 0.5 * C, C_ext, C)                  # keep the scales positive
-        ext = _coefficients_and_scales(cfg, data, st._replace(C_sig=C_ext[0], C_tau=C_ext[1:]))
-        use = ext.bound > plain.bound
-        new = jax.tree.map(lambda x, y: jnp.where(use, x, y), ext, plain)._replace(b=jnp.where(use, b, 0.0))
+        both = jax.vmap(lambda c: _coefficients_and_scales(cfg, data, st._replace(C_sig=c[0], C_tau=c[1:])))(
+            jnp.stack([C, C_ext]))
+        use = both.bound[1] > both.bound[0]
+        pick = use.astype(jnp.int32)
+        new = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, pick, keepdims=False), both)
+        new = new._replace(b=jnp.where(use, b, 0.0))
     return new._replace(dC=jnp.concatenate([new.C_sig[None] - st0.C_sig, new.C_tau - st0.C_tau]))
 
 
 def _coefficients_and_scales(cfg, data, st):
-    """Steps 4-7 of the sweep after q(lam) moved (E[Z], E[Z^T W Z] current) and the lower bound, repeated
-    ``INNER`` times for the Gaussian and probit models: with q(lam) fixed, E[Z] and E[Z^T W Z] do not change,
-    so each repeat costs O(n m s) instead of a sweep's O(n m^2), and it lets q(y*) (probit) and the scales
-    catch up with lam (the probit bound crept by ~0.004 per sweep for 300 sweeps with one pass)."""
-    if cfg.likelihood == "logit":       # xi needs the O(n m^2) tr(E[z z^T] M) per refresh: one pass
-        return _coefficients_and_scales_once(cfg, data, st)
-    st1 = _coefficients_and_scales_once(cfg, data, st)
-    return jax.lax.fori_loop(1, INNER, lambda _, s: _coefficients_and_scales_once(cfg, data, s)._replace(it=st1.it),
-                             st1)
+    """Steps 4-7 of the sweep after q(lam) moved (E[Z], E[Z^T W Z] current), repeated ``INNER`` times for the
+    Gaussian and probit models, then the lower bound: with q(lam) fixed, E[Z] and E[Z^T W Z] do not change, so
+    each repeat costs O(n m s) instead of a sweep's O(n m^2), and it lets q(y*) (probit) and the scales catch up
+    with lam (the probit bound crept by ~0.004 per sweep for 300 sweeps with one pass)."""
+    # logit: xi needs the O(n m^2) tr(E[z z^T] M) per refresh: one pass
+    passes = 1 if cfg.likelihood == "logit" else INNER
+    st = jax.lax.fori_loop(0, passes, lambda _, s: _coefficients_and_scales_once(cfg, data, s), st)
+    return st._replace(bound=lower_bound(cfg, data, st), it=st.it + 1)
 
 
 def _coefficients_and_scales_once(cfg, data, st):
-    """Steps 4-7 of the sweep after q(lam) moved (E[Z], E[Z^T W Z] current) and the lower bound."""
+    """Steps 4-7 of the sweep after q(lam) moved (E[Z], E[Z^T W Z] current), one pass; the scale factors'
+    moments at the pass's start once (``scale_moments``)."""
     m = cfg.m
-    w, yt = pseudo(cfg, data, st)                                     # probit: y* for the new E[Z]
+    mom = scale_moments(cfg, st, data.n_obs)
+    w, yt = pseudo(cfg, data, st, mom.E_gamma)                        # probit: y* for the new E[Z]
     EZ, ZWZ = st.EZ, st.ZWZ
-    Es = e_sigma_inv2(cfg, st)
-    Eg = e_gamma_inv2(cfg, st, data.n_obs) if cfg.likelihood == "gaussian" else 1.0
+    Es = mom.E_sigma
+    Eg = mom.E_gamma if cfg.likelihood == "gaussian" else 1.0
     ZWZ_w = ZWZ * Eg if cfg.likelihood != "logit" else ZWZ
     wy = w * yt
     if cfg.factorisation == "joint":
@@ -145,7 +150,7 @@ def _coefficients_and_scales_once(cfg, data, st):
         AtWA = data.Af.T @ (w[:, None] * data.Af)
         ZWA = EZ.T @ (w[:, None] * data.Af)
         prec = jnp.block([[m * Es * jnp.eye(2 * m) + ZWZ_w, ZWA],
-                          [ZWA.T, jnp.diag(prior_prec_beta(cfg, data, st)) + AtWA]])
+                          [ZWA.T, jnp.diag(prior_prec_beta(cfg, data, mom.E_tau)) + AtWA]])
         Sig = inv_spd(prec)
         mu = Sig @ jnp.concatenate([EZ.T @ wy, data.Af.T @ wy])
         st = st._replace(mu_a=mu[:2 * m], mu_b=mu[2 * m:], Sig_a=Sig[:2 * m, :2 * m], Sig_b=Sig[2 * m:, 2 * m:],
@@ -158,10 +163,10 @@ def _coefficients_and_scales_once(cfg, data, st):
         st = st._replace(mu_a=Sig_a @ (EZ.T @ (w * (yt - data.Af @ st.mu_b))), Sig_a=Sig_a)
         if cfg.likelihood == "logit":  # 5 xi_i^2 = E[eta_i^2]
             st = _refresh_xi(cfg, data, st)
-            w, yt = pseudo(cfg, data, st)
+            w, yt = pseudo(cfg, data, st, mom.E_gamma)
         # 6 q(beta)
         AtWA = data.Af.T @ (w[:, None] * data.Af) if cfg.likelihood == "logit" else data.AtA * Eg
-        Sig_b = inv_spd(jnp.diag(prior_prec_beta(cfg, data, st)) + AtWA)
+        Sig_b = inv_spd(jnp.diag(prior_prec_beta(cfg, data, mom.E_tau)) + AtWA)
         st = st._replace(mu_b=Sig_b @ (data.Af.T @ (w * (yt - EZ @ st.mu_a))), Sig_b=Sig_b)
     # 7 C_sigma, C_tau, C_gamma
     st = st._replace(C_sig=0.5 * m * (jnp.trace(st.Sig_a) + st.mu_a @ st.mu_a))
@@ -173,4 +178,4 @@ def _coefficients_and_scales_once(cfg, data, st):
         ssr = jnp.sum(data.mask * (data.y**2 - 2.0 * data.y * (f + re) + 2.0 * (f * re + cross) + aq)) + \
             jnp.sum(ZWZ * Mmat)
         st = st._replace(C_gam=0.5 * ssr)
-    return st._replace(bound=lower_bound(cfg, data, st), it=st.it + 1)
+    return st

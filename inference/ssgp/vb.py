@@ -43,8 +43,7 @@ from inference import host_draws as hd
 from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.loop import Run, StopRule, run_until_converged
-from inference.ssgp.bound import joint_cov, omega, pseudo
-from inference.ssgp.features import expectations
+from inference.ssgp.bound import joint_cov, pseudo
 from inference.ssgp.hfunction import inv_moment, sample_scale_host, scale_log_density
 from inference.ssgp.problem import LIKELIHOOD_OF, MODELS, Config, Data, program_config, setup
 from inference.ssgp.sweep import lam_terms, sweep
@@ -114,7 +113,9 @@ def kernel(cfg: Config, settings: Settings = DEFAULT_SETTINGS) -> Kernel:
 def init(cfg, settings, key, problem):
     """Initial factors (notes §3.3; deterministic, ``key`` unused): mu_lam = 0.5 (never 0), Sigma_lam = 0.5 I,
     C_sigma = (m-1) v, C_gamma = (n/2 - 1) v/4 (v = var y; 1 for the binary models), C_tau = (J/2 - 1)/2,
-    mu_alpha = 0, Sigma_alpha = Sigma_beta = 0.1 I, xi = 1."""
+    mu_alpha = 0, Sigma_alpha = Sigma_beta = 0.1 I, xi = 1. E[Z] and E[Z^T W Z] start at 0: the first sweep
+    computes them before it reads them (``sweep`` step 3; the pseudo-data of its step 1 read E[Z] only through
+    E[Z] mu_alpha, with mu_alpha = 0), so the program does not hold a second copy of ``expectations``."""
     m, d, n = cfg.m, cfg.d, problem.n_obs
     data = problem
     if cfg.likelihood == "gaussian":
@@ -125,16 +126,13 @@ def init(cfg, settings, key, problem):
     mu_lam = jnp.broadcast_to(jnp.asarray(settings.mu_lam_init, dtype=jnp.float64), (d,))
     Sig_lam = 0.5 * jnp.eye(d)
     Np = data.X.shape[0]
-    st = State(mu_lam=mu_lam, Sig_lam=Sig_lam, mu_a=jnp.zeros(2 * m), Sig_a=0.1 * jnp.eye(2 * m),
+    return State(mu_lam=mu_lam, Sig_lam=Sig_lam, mu_a=jnp.zeros(2 * m), Sig_a=0.1 * jnp.eye(2 * m),
               mu_b=jnp.zeros(cfg.s), Sig_b=0.1 * jnp.eye(cfg.s), Sig_ab=jnp.zeros((2 * m, cfg.s)),
               C_sig=jnp.maximum(m - 1.0, 0.5) * v,
               C_tau=jnp.full(cfg.T, max(0.5 * (cfg.J / 2.0 - 1.0), 0.1)),
               C_gam=jnp.maximum(n / 2.0 - 1.0, 0.5) * v / 4.0, xi=jnp.ones(Np), EZ=jnp.zeros((Np, 2 * m)),
               ZWZ=jnp.zeros((2 * m, 2 * m)), qz=jnp.zeros(Np), bound=jnp.asarray(-jnp.inf), a=jnp.asarray(0.0),
               it=jnp.asarray(0), b=jnp.asarray(0.0), dC=jnp.zeros(1 + cfg.T))
-    w0 = data.mask if cfg.likelihood != "logit" else data.mask * 2.0 * omega(st.xi)
-    EZ, ZWZ = expectations(cfg, data.X, w0, data.S, mu_lam, Sig_lam)
-    return st._replace(EZ=EZ, ZWZ=ZWZ)
 
 
 def step(cfg, settings, key, st, data):
@@ -165,7 +163,7 @@ def step(cfg, settings, key, st, data):
     def body(c):
         k, a_prev, _ = c
         a = jnp.where(k == 0, a_try, jnp.where(a_prev * SHRINK < MIN_STEP, 0.0, a_prev * SHRINK))
-        return k + 1, a, sweep(cfg, data, st, a, lam=lam, b=b_try)
+        return k + 1, a, sweep(cfg, data, st, a, lam=lam, b=b_try, pseudo_data=(w, yt))
 
     n_tries, _, new = jax.lax.while_loop(cond, body, (jnp.asarray(0), jnp.asarray(a_try, dtype=jnp.float64), st))
     # an over-relaxed lam step can jump across the maximum and land on an almost equal bound, so a small
