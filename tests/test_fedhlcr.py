@@ -372,7 +372,7 @@ def _fedvb_vs_centralised(iterations=3):
     valid = index >= 0
     r0 = np.zeros((int(valid.sum()), K))
     for i in range(J):
-        ri = np.asarray(jax.random.dirichlet(node_key(key, 0, i), jnp.ones(K), (P,)))
+        ri = np.asarray(hv.flat_dirichlet(node_key(key, 0, i), (P, K)))   # the agents' start (fedvb's init)
         r0[index[i][valid[i]]] = ri[valid[i]]
     inp = model_inputs(data, HYPER)
     pdat, hyper = pair_data(inp), make_hyper(HYPER, inp["n_agents"])

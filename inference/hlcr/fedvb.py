@@ -48,6 +48,7 @@ from inference.hlcr.vb import (
     _update_psi_from,
     draw,
     entropy_z,
+    flat_dirichlet,
     q_dataset,
     theta_terms,
     w_psi_terms,
@@ -71,7 +72,7 @@ def make_protocol(hyper: Hyper, F: int) -> Protocol:
 
     def init(shard: Shard, key):
         P = shard.mask.shape[0]
-        r = jax.random.dirichlet(key, jnp.ones(K), (P,)) * shard.mask[:, None]
+        r = flat_dirichlet(key, (P, K)) * shard.mask[:, None]
         a = hyper.beta / K + r.sum(0)                                  # psi uniform at the start
         return AgentState(r, a), upload(r, a, shard)
 
