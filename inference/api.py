@@ -25,10 +25,11 @@ import pandas as pd
 import xarray as xr
 
 import zoo
+from inference import programs
 from inference._methods import Draws, FitContext, Method, get_method, resolve_options
 from inference._timing import Stopwatch
 from inference.limits import check_memory, check_shards, check_steps
-from inference.trees import build_tree, non_finite_as_error
+from inference.trees import build_tree, densities_ahead, non_finite_as_error
 from zoo._frames import FrameData, from_frame, with_columns
 from zoo._runtime import DEVICE_ENV, current_device, requested_device, set_device
 from zoo._validation import validate_data, validate_hyper
@@ -124,15 +125,16 @@ def run(prepared: Prepared) -> Draws:
     return draws
 
 
-def build(prepared: Prepared, draws: Draws, *, compile_seconds: float = 0.0, run_seconds: float = 0.0
-          ) -> xr.DataTree:
-    """The DataTree of ``draws`` (``inference.trees.build_tree``) with the prepared fit's data and attrs."""
+def build(prepared: Prepared, draws: Draws, *, compile_seconds: float = 0.0, run_seconds: float = 0.0,
+          ahead: programs.Ahead | None = None) -> xr.DataTree:
+    """The DataTree of ``draws`` (``inference.trees.build_tree``) with the prepared fit's data and attrs;
+    ``ahead``: its log densities' program compiled ahead (``inference.trees.densities_ahead``)."""
     ctx = prepared.context
     with non_finite_as_error(prepared.name):
         tree = build_tree(ctx.spec, ctx.data, ctx.hyper, draws, method=prepared.name, seed=ctx.seed,
                           options=ctx.options, compile_seconds=compile_seconds, run_seconds=run_seconds,
                           axis_labels=prepared.axis_labels, data_source=prepared.provenance,
-                          model_kwargs=ctx.model_kwargs)
+                          model_kwargs=ctx.model_kwargs, ahead=ahead)
     tree.attrs["device"] = current_device()
     return tree
 
@@ -199,10 +201,15 @@ def fit(model: str | zoo.ModelSpec, data: Any, method: str, *, seed: int, column
 
 
 def fit_prepared(prepared: Prepared) -> xr.DataTree:
-    """``run`` then ``build`` a prepared fit, its compile and run seconds measured (``inference._timing``)."""
-    with Stopwatch() as watch:
-        draws = run(prepared)
-    return build(prepared, draws, compile_seconds=watch.compile_seconds, run_seconds=watch.run_seconds)
+    """``run`` then ``build`` a prepared fit, its compile and run seconds measured (``inference._timing``). The
+    tree's log densities program is compiled while the method runs (``inference.trees.densities_ahead``): its
+    shapes are known from the model before the draws are."""
+    ctx = prepared.context
+    with densities_ahead(ctx.spec, ctx.model_kwargs) as ahead:
+        with Stopwatch() as watch:
+            draws = run(prepared)
+        return build(prepared, draws, compile_seconds=watch.compile_seconds, run_seconds=watch.run_seconds,
+                     ahead=ahead)
 
 
 def check_option_names(spec: zoo.ModelSpec, method: Method, options: Mapping[str, Any]) -> None:

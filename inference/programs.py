@@ -17,17 +17,23 @@ every kernel factory (``kernel(cfg) -> (init, step, ...)``) is therefore decorat
   test can assert that a second fit builds nothing;
 * ``clear()`` drops every kept program (their compiled executables go with them once nothing else holds them).
 
-JAX compiles one program per input shapes, so every data set of another size is another program. A kernel whose
-run is a sum over rows (observations) takes its data padded to ``bucket(n)`` rows (``pad_rows``) with a 0/1 row
-mask, and weights every per-row term by it: data sets of similar size then share one program (the test suite's
-tiny data sets, the demo's simulated and real data where their other dimensions agree). What a user sees has the
-original sizes: the kernel cuts per-row outputs back to ``n``. ``bucketing(False)`` turns the padding off
-(``bucket(n) == n``), for tests that compare a padded run with the unpadded one.
+A fit compiles a few programs one after the other, and XLA's compile of one leaves part of the machine idle (the
+tracing around it is single-threaded Python, and XLA releases the GIL while it compiles). A program whose argument
+shapes are known before its turn comes is compiled ahead: ``compile_ahead(program, *args)`` lowers it
+(``program.lower(*args)``, arguments concrete or ``jax.ShapeDtypeStruct``), runs XLA's compile of it in a
+background thread while the caller traces, compiles or runs the program before it, and returns an ``Ahead``;
+``ahead.result()`` waits for it and re-raises its error, the same exception object, in the caller. The jitted
+``program``'s own cache is then warm: calling it on arguments of those shapes compiles nothing, so a fit calls its
+programs as before, only after ``result()`` (a call while the compile is still under way would compile the program
+a second time). Users: the tree's log densities (``inference.trees.densities_ahead``, started by ``inference.fit``
+before the method runs) and SVI's Adam steps (compiled while its initialisation compiles). ``compiling_ahead(False)``
+turns it off.
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import contextvars
 import functools
@@ -177,6 +183,109 @@ OPTIMISED: dict[str, int] = {}
 def options_key(options) -> tuple:
     """Compiler options as a key of a cached builder (a dict is not hashable): its sorted items."""
     return tuple(sorted(dict(options or {}).items()))
+
+
+_AHEAD_ENABLED: contextvars.ContextVar[bool] = contextvars.ContextVar("compiling_ahead", default=True)
+_AHEAD_WORKERS = 2   # background compiles at a time (a fit has at most two programs to compile ahead)
+_ahead_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+class Ahead:
+    """A program compiled ahead (``compile_ahead``). ``result()`` waits for its compile and returns it
+    (``jax.stages.Compiled``), or None where nothing was compiled ahead (``compiling_ahead(False)``: the caller's
+    own call compiles it); an error of its lowering or compilation is raised there, the same exception object.
+    ``args``: the arguments' shapes and dtypes it was compiled for (``jax.ShapeDtypeStruct``s). Used as a
+    context manager, the block's end waits for the compile, so none is left running past the code that started
+    it, and raises its error where neither ``result()`` nor ``discard()`` was called, unless the block itself
+    raised."""
+
+    def __init__(self, future: concurrent.futures.Future | None, name: str = "", args: Any = None) -> None:
+        self._future = future
+        self.name = name
+        self.args = args
+        self._consumed = False
+
+    def result(self):
+        self._consumed = True
+        return None if self._future is None else self._future.result()
+
+    def done(self) -> bool:
+        """Whether the compile has ended (or none was started)."""
+        return self._future is None or self._future.done()
+
+    def compiled_for(self, *args: Any, **kwargs: Any) -> bool:
+        """Whether this is the program for arguments of these shapes and dtypes."""
+        return _shapes((args, kwargs)) == self.args
+
+    def wait(self) -> None:
+        """Wait for the compile to end, its outcome left to ``result()``."""
+        if self._future is not None:
+            concurrent.futures.wait([self._future])
+
+    def discard(self) -> None:
+        """Wait for the compile to end and set it aside: the caller does not use this program (its arguments
+        turned out to have other shapes), so its outcome does not matter."""
+        self.wait()
+        self._consumed = True
+
+    def __enter__(self) -> Ahead:
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if kind is not None or self._consumed:
+            self.wait()
+        else:
+            self.result()
+
+    def __repr__(self) -> str:
+        state = "off" if self._future is None else ("done" if self.done() else "compiling")
+        return f"Ahead({self.name or '?'}, {state})"
+
+
+def _shapes(args: Any) -> Any:
+    import jax
+
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype if hasattr(a, "dtype")
+                                                        else np.result_type(a)), args)
+
+
+def compile_ahead(program: Callable, *args: Any, **kwargs: Any) -> Ahead:
+    """Lower the jitted ``program`` for ``args`` here (concrete values or ``jax.ShapeDtypeStruct``s: only their
+    shapes and dtypes count, as in a call), start XLA's compile of it in a background thread, and return its
+    ``Ahead``. Call ``program`` only after ``Ahead.result()``: the call then finds it compiled (JAX's own cache
+    of ``program``), and where that cache already holds it (a second fit) nothing is lowered or compiled here.
+    The program is the one the call would build, with the same compiler options: results are unchanged.
+
+    Only XLA's compile leaves the caller's thread: tracing runs the model's Python, and NumPyro's effect
+    handlers live on one process-wide stack (``numpyro.primitives._PYRO_STACK``), which two threads tracing at
+    once would mix up. An error of the lowering is kept for ``result()`` too, so it is raised where the program
+    is used, as a plain call would raise it."""
+    name = getattr(program, "__name__", "")
+    if not _AHEAD_ENABLED.get():
+        return Ahead(None, name, _shapes((args, kwargs)))
+    global _ahead_pool
+    with _LOCK:
+        if _ahead_pool is None:
+            _ahead_pool = concurrent.futures.ThreadPoolExecutor(_AHEAD_WORKERS, thread_name_prefix="compile-ahead")
+    try:
+        lowered = program.lower(*args, **kwargs)
+    except Exception as exc:   # raised by result(), where the program is used
+        future = concurrent.futures.Future()
+        future.set_exception(exc)
+    else:
+        future = _ahead_pool.submit(contextvars.copy_context().run, lowered.compile)
+    return Ahead(future, name, _shapes((args, kwargs)))
+
+
+@contextlib.contextmanager
+def compiling_ahead(enabled: bool):
+    """Within this block ``compile_ahead`` starts background compiles (``True``, the default) or does nothing
+    (``False``: every program compiles at its first call, one after the other)."""
+    token = _AHEAD_ENABLED.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _AHEAD_ENABLED.reset(token)
 
 
 BUCKET_MIN = 8

@@ -37,7 +37,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import xarray as xr
 from numpyro import handlers
 from numpyro.infer import SVI, Trace_ELBO
@@ -156,6 +155,8 @@ def _programs(model, static: tuple, settings: tuple) -> SVIPrograms:
     """The jitted programs of SVI on ``model`` with its non-array arguments ``static`` bound and the guide and
     optimiser ``settings`` (``SVI_SETTINGS``), kept for the process (``inference.trees.split_arguments``: the
     data arrays are arguments, so fits on data of the same shapes share them)."""
+    import optax  # here, not at the top: every fit loads this module (SVI serves every model), few run it
+
     o = dict(settings)
 
     def fresh(arrays, key):
@@ -331,13 +332,18 @@ def check_fit(elbo: np.ndarray, params: dict, draws: dict, log_q: np.ndarray, op
 def run_svi(ctx: FitContext) -> Draws:
     """Stochastic variational inference (Hoffman et al. 2013) with a NumPyro autoguide and Adam."""
     o = ctx.options
-    programs, arrays = programs_for(ctx.spec.model, ctx.model_kwargs, o)
+    compiled, arrays = programs_for(ctx.spec.model, ctx.model_kwargs, o)
     k_fit, k_draw = host_keys.parts(ctx.key)
     n = o["num_steps"]
-    state, losses = programs.init(k_fit, arrays), []
+    # the steps compile (XLA, in the background) while the initialisation compiles: the state's shapes come from
+    # tracing the initialisation, a trace its own call then reuses
+    state_shapes = compiled.init.eval_shape(k_fit, arrays)
+    with programs.compile_ahead(compiled.steps, state_shapes, arrays, np.int64(0), np.int64(n)) as steps_ahead:
+        state, losses = compiled.init(k_fit, arrays), []
+        steps_ahead.result()
     with tqdm(total=n, desc="svi", disable=not progress_enabled(o["progress"]), leave=False) as bar:
         for first in range(0, n, CHUNK_STEPS):
-            state, chunk, params = programs.steps(state, arrays, np.int64(first), np.int64(n))
+            state, chunk, params = compiled.steps(state, arrays, np.int64(first), np.int64(n))
             losses.append(jax.device_get(chunk))  # waits for the chunk: the bar shows steps done, not queued
             bar.update(min(CHUNK_STEPS, n - first))
     elbo = -np.concatenate(losses)[:n]
@@ -345,7 +351,7 @@ def run_svi(ctx: FitContext) -> Draws:
     params = jax.tree.map(np.asarray, jax.device_get(params))
     drawn = None if plan is None else host_draws(plan, params, k_draw, o["num_samples"])
     if drawn is None:   # not AutoNormal, or a site the host does not implement: the compiled draw program
-        params, draws, log_q = draw_from(programs, state, k_draw, arrays, o["num_samples"])
+        params, draws, log_q = draw_from(compiled, state, k_draw, arrays, o["num_samples"])
     else:
         draws, log_q = drawn
     check_fit(elbo, params, draws, log_q, o)

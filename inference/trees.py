@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import json
 import re
 import types
@@ -69,6 +70,12 @@ def non_finite_as_error(method: str):
 
 
 def package_versions() -> dict[str, str]:
+    """The installed version of each of ``_PACKAGES`` (read once per process: every tree records them)."""
+    return dict(_package_versions())
+
+
+@functools.cache
+def _package_versions() -> dict[str, str]:
     out = {}
     for name in _PACKAGES:
         try:
@@ -94,11 +101,24 @@ def trace_structure(spec: ModelSpec, model_kwargs: Mapping[str, Any], params: Ma
     shapes (``inference.programs``), so a second fit traces nothing. A model that cannot be traced with abstract
     values is run eagerly."""
     arrays, static = split_arguments(model_kwargs)
-    abstract = lambda d: tuple(sorted((k, np.shape(v), np.result_type(v).str) for k, v in d.items()))  # noqa: E731
     try:
-        return _structure(spec.model, static, abstract(arrays), abstract(dict(params or {})), seed)
+        prior = _structure(spec.model, static, _abstract(arrays), (), seed)
+        if params is None or _abstract(params) == _latent_signature(prior):
+            return prior   # the same sites and shapes: substituting them traces the same structure
+        return _structure(spec.model, static, _abstract(arrays), _abstract(params), seed)
     except Exception:   # a model with Python control flow on data values: its eager trace
         return dict(trace_model(spec, model_kwargs, params, seed))
+
+
+def _abstract(values: Mapping[str, Any]) -> tuple:
+    """(name, shape, dtype) of each array, sorted by name: what a program traced on them depends on."""
+    return tuple(sorted((k, tuple(np.shape(v)), np.result_type(v).str) for k, v in values.items()))
+
+
+def _latent_signature(structure: Mapping[str, dict]) -> tuple:
+    """``_abstract`` of one draw of every latent site of a ``trace_structure``."""
+    return tuple(sorted((k, s["shape"], s["dtype"]) for k, s in structure.items()
+                        if s["type"] == "sample" and not s["is_observed"]))
 
 
 @programs.cached(maxsize=256)
@@ -110,9 +130,12 @@ def _structure(model, static: tuple, arrays: tuple, params: tuple, seed: int) ->
         tr = handlers.trace(handlers.seed(handlers.substitute(model, data=params), rng_seed=seed)).get_trace(
             **dict(static), **arrays)
         for name, site in tr.items():
+            value = site.get("value")
             found[name] = {"type": site["type"], "is_observed": site.get("is_observed", False),
                            "fn": types.SimpleNamespace(event_shape=tuple(getattr(site.get("fn"), "event_shape", ()))),
-                           "cond_indep_stack": tuple(site.get("cond_indep_stack", ()))}
+                           "cond_indep_stack": tuple(site.get("cond_indep_stack", ())),
+                           "shape": tuple(np.shape(value)) if hasattr(value, "dtype") else None,
+                           "dtype": np.dtype(value.dtype).str if hasattr(value, "dtype") else None}
         return 0
 
     spec_of = lambda d: {k: jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for k, shape, dtype in d}  # noqa: E731
@@ -158,21 +181,30 @@ def _site_log_probs(model, likelihood_sites: tuple, model_kwargs: Mapping[str, A
 
 
 def log_densities(spec: ModelSpec, model_kwargs: Mapping[str, Any], posterior: Mapping[str, np.ndarray],
-                  batch_size: int = 64) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+                  batch_size: int = 64, ahead: programs.Ahead | None = None
+                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """``(log_prior, log_likelihood)`` at every draw of ``posterior`` (arrays with (chain, draw) axes).
 
     ``log_prior[site]`` has shape (chain, draw); ``log_likelihood[site]`` (chain, draw, then the site's batch axes).
     Draws are evaluated ``batch_size`` at a time (``vmap``), one call of one compiled program per batch, the last
     batch padded with copies of the last draw (cut on the host): memory stays bounded on big data, and the
     program does not depend on the number of draws (fits that differ in ``num_samples`` share it).
+    ``ahead``: this program compiled ahead (``densities_ahead``), waited for when it was compiled for these draws
+    (its error raised here); for other draws it is not this program, and only its end is waited for.
     """
     first = next(iter(posterior.values()))
     n_chain, n_draw = first.shape[:2]
     n = n_chain * n_draw
     flat = {k: np.reshape(np.asarray(v), (n, *np.shape(v)[2:])) for k, v in posterior.items()}
     arrays, static = split_arguments(model_kwargs)
-    arrays = jax.device_put(arrays)   # moved once, not once per batch
     program = _log_density_program(spec.model, tuple(spec.likelihood_sites), static, batch_size)
+    if ahead is not None:
+        batch = {k: jax.ShapeDtypeStruct((batch_size, *v.shape[1:]), v.dtype) for k, v in flat.items()}
+        if ahead.compiled_for(arrays, batch):
+            ahead.result()
+        else:
+            ahead.discard()
+    arrays = jax.device_put(arrays)   # moved once, not once per batch
     outs = []
     for lo in range(0, n, batch_size):
         rows = np.minimum(np.arange(lo, lo + batch_size), n - 1)
@@ -180,6 +212,25 @@ def log_densities(spec: ModelSpec, model_kwargs: Mapping[str, Any], posterior: M
     prior, lik = jax.tree.map(lambda *a: np.concatenate([np.asarray(b) for b in a])[:n], *jax.device_get(outs))
     unflat = lambda d: {k: np.asarray(v).reshape((n_chain, n_draw, *v.shape[1:])) for k, v in d.items()}
     return unflat(prior), unflat(lik)
+
+
+def densities_ahead(spec: ModelSpec, model_kwargs: Mapping[str, Any], batch_size: int = 64) -> programs.Ahead:
+    """The program of ``log_densities`` compiled ahead (``programs.compile_ahead``) for the draws a fit of
+    ``spec`` on ``model_kwargs`` will return: one draw of every latent site, with the shapes and dtypes of the
+    model's abstract trace (``trace_structure``). Started by ``inference.fit`` before the method runs, so XLA
+    compiles it while the method's own programs are traced and compiled; ``build_tree`` waits for it where the
+    draws have exactly those sites, shapes and dtypes (every registered method's do). Nothing is started (an
+    ``Ahead`` of nothing) for a model that cannot be traced abstractly."""
+    arrays, static = split_arguments(model_kwargs)
+    try:
+        structure = _structure(spec.model, static, _abstract(arrays), (), 0)
+    except Exception:   # traced eagerly by build_tree (``trace_structure``): no shapes known before the draws
+        return programs.Ahead(None, "densities")
+    draws = {k: jax.ShapeDtypeStruct((batch_size, *shape), np.dtype(dtype)) for k, shape, dtype in
+             _latent_signature(structure)}
+    program = _log_density_program(spec.model, tuple(spec.likelihood_sites), static, batch_size)
+    return programs.compile_ahead(program, {k: jax.ShapeDtypeStruct(np.shape(v), v.dtype) for k, v in arrays.items()},
+                                  draws)
 
 
 def split_arguments(model_kwargs: Mapping[str, Any]) -> tuple[dict, tuple]:
@@ -251,7 +302,7 @@ def build_tree(spec: ModelSpec, data: Mapping[str, np.ndarray], hyper: Mapping[s
                *, method: str, seed: int, options: Mapping[str, Any], compile_seconds: float,
                run_seconds: float, axis_labels: Mapping[str, Any] | None = None,
                data_source: Mapping[str, Any] | None = None,
-               model_kwargs: Mapping[str, Any] | None = None) -> xr.DataTree:
+               model_kwargs: Mapping[str, Any] | None = None, ahead: programs.Ahead | None = None) -> xr.DataTree:
     """Assemble the DataTree for ``draws`` (an ``inference.Draws``) of ``spec`` fitted to ``data``.
 
     ``model_kwargs``: ``spec.inputs(data, hyper)`` where the caller already has them (a fit's context does:
@@ -260,7 +311,8 @@ def build_tree(spec: ModelSpec, data: Mapping[str, np.ndarray], hyper: Mapping[s
     ``axis_labels``: data-axis symbol -> labels read from a table (``zoo._frames.FrameData.axis_labels``):
     the coordinates of the data groups' axis of that symbol and of the tree dimension ``spec.axis_dims``
     maps it to (``feature`` labelled ``price``, ``promo``). ``data_source``: attributes saying how the data
-    were read (``FrameData.provenance``), stored as JSON."""
+    were read (``FrameData.provenance``), stored as JSON. ``ahead``: the log densities' program compiled ahead
+    (``densities_ahead``)."""
     posterior = {k: np.asarray(v) for k, v in draws.posterior.items()}
     check_finite("posterior", posterior, method)
     model_kwargs = dict(model_kwargs) if model_kwargs is not None else spec.inputs(dict(data), dict(hyper))
@@ -271,7 +323,7 @@ def build_tree(spec: ModelSpec, data: Mapping[str, np.ndarray], hyper: Mapping[s
         raise ValueError(f"method {method!r} did not return draws of latent site(s) {missing} of model "
                          f"{spec.name!r}; log densities cannot be evaluated without them")
     model_sites = {k: v for k, v in posterior.items() if k in trace}
-    log_prior, log_lik = log_densities(spec, model_kwargs, model_sites)
+    log_prior, log_lik = log_densities(spec, model_kwargs, model_sites, ahead=ahead)
     check_finite("log_likelihood", log_lik, method)
     check_finite("log_prior", log_prior, method)
 
