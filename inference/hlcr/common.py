@@ -16,7 +16,9 @@ and per-cluster sums, so an agent can run it on its own pairs and a server on su
 * ``relabel``/``match_labels``: Hungarian matching of labels to a reference;
 * ``cluster_posteriors``: Theorem 2's per-cluster posterior (m_k, H_k) for given labels;
 * ``Hyper`` / ``make_hyper``: the static hyperparameters every kernel closes over;
-* ``draw_conditionals``: w and theta from their conditionals given the labels (Gibbs, FedHLCR draws);
+* ``draw_conditionals``: w and theta from their conditionals given the labels, in a program (the blocked sweep);
+  ``host_conditionals``: the same conditionals in NumPy on the host, from the statistics a chain kept (the
+  collapsed sampler's draws);
 * ``SamplerKernel`` / ``run_label_chains``: the (init, step, collect) triple of both Gibbs kernels and the
   one call that runs their chains through ``inference.loop.sample_chains``.
 """
@@ -31,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from inference import host_draws
 from inference.loop import sample_chains
 from zoo.hlcr import LOG_2PI, resolve_hyper
 
@@ -395,6 +398,24 @@ def draw_conditionals(key, D, c, n_agent, log_psi, beta, drawn=None):
     return w, jnp.exp(log_theta)
 
 
+def host_conditionals(rng: np.random.Generator, D, c, n_agent, log_psi, beta):
+    """``draw_conditionals`` in NumPy on the host, one draw per set of statistics: w_k ~ N(D_k^-1 c_k, D_k^-1)
+    and theta_i ~ Dir(beta psi + N_i), log theta floored at log(tiny) (as ``sample_log_dirichlet``). ``D`` (...,
+    K, F, F) includes the prior precision, ``c`` (..., K, F), ``n_agent`` (..., N, K), ``log_psi`` (..., K), with
+    the same leading axes (a chain's kept sweeps: (chain, draw)). The draws come from ``rng`` (``np.random.
+    default_rng(seed)``: reproducible), so no program compiles them (``inference.host_draws``). Returns w (...,
+    K, F), theta (..., N, K)."""
+    D, c, n_agent, log_psi = (np.asarray(a, float) for a in (D, c, n_agent, log_psi))
+    L = np.linalg.cholesky(D)                                                  # D_k = L_k L_k^T
+    Lt = np.swapaxes(L, -1, -2)
+    mean = np.linalg.solve(Lt, np.linalg.solve(L, c[..., None]))[..., 0]
+    eps = rng.standard_normal(c.shape)
+    w = mean + np.linalg.solve(Lt, eps[..., None])[..., 0]                     # Cov L^-T L^-1 = D^-1
+    conc = beta * np.exp(log_psi)[..., None, :] + n_agent
+    theta = np.exp(host_draws.log_dirichlet_variates(rng, conc, conc.shape, floor=TINY_LOG))
+    return w, theta
+
+
 class SamplerKernel(NamedTuple):
     """A Gibbs kernel in ``inference.loop``'s shape: ``init(key, problem)``, ``step(key, state, problem) ->
     (state, info)`` and ``collect(key, state, info)`` (the dict kept per sweep: z, w, psi, theta and stats)."""
@@ -407,11 +428,12 @@ class SamplerKernel(NamedTuple):
 def run_label_chains(kernel: SamplerKernel, problem, key, *, num_warmup: int, num_samples: int, num_chains: int,
                      thinning: int, init_state, progress, chunk: int, desc: str):
     """Run ``num_chains`` chains (vectorised) for ``num_warmup`` + ``num_samples * thinning`` sweeps
-    (``inference.loop.sample_chains``). Returns (posterior dict with leading (chain, draw) axes: z, w, psi,
-    theta; stats dict: log_joint_collapsed, n_changed; last state)."""
+    (``inference.loop.sample_chains``). Returns (posterior dict with leading (chain, draw) axes: everything the
+    kernel's ``collect`` keeps but its stats; stats dict: log_joint_collapsed, n_changed; last state)."""
     out, state = sample_chains(kernel.init, kernel.step, problem, key, num_chains=num_chains, num_warmup=num_warmup,
                                num_samples=num_samples, thinning=thinning, collect=kernel.collect, chunk=chunk,
                                progress=progress, desc=desc, init_state=init_state)
-    posterior = {name: out[name] for name in ("z", "w", "psi", "theta")}
-    stats = {name: out[name] for name in ("log_joint_collapsed", "n_changed")}
+    stat_names = ("log_joint_collapsed", "n_changed")
+    posterior = {name: value for name, value in out.items() if name not in stat_names}
+    stats = {name: out[name] for name in stat_names}
     return posterior, stats, state

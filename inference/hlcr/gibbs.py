@@ -29,9 +29,10 @@ One sweep (``step``):
 
 Kernel shape (``inference.loop``): ``kernel(hyper, prior, kernel_name)`` (cached per static configuration)
 gives ``init(key, problem) -> State`` (z ~ U{1..K}, Algorithm 2's initialisation), ``step(key, state, problem)
--> (State, Info)`` (one sweep; ``Info.objective`` is the collapsed log joint) and ``collect`` (the per-sweep
-draws); ``problem`` is a ``Problem`` (pair statistics, and the events for ``kernel="paper"``). Chains,
-warm-up and thinning are ``inference.loop.sample_chains``'s.
+-> (State, Info)`` (one sweep; ``Info.objective`` is the collapsed log joint) and ``collect`` (what each kept
+sweep keeps: the labels, psi, the statistics (D, c, N_i^(k)) and the stats); ``problem`` is a ``Problem`` (pair
+statistics, and the events for ``kernel="paper"``). Chains, warm-up and thinning are
+``inference.loop.sample_chains``'s.
 
 ``kernel="paper"`` replaces step 1's block update by the paper's per-event rank-one Algorithm 1/2 on
 H_k = D_k^-1: remove the pair's events from its cluster by eq. (9), evaluate the sequential predictive for
@@ -39,8 +40,12 @@ every k with eq. (8) updates (predictive BEFORE the update, erratum E3), then ad
 chosen cluster by eq. (8); O(K N_ij F^2) per pair. Same conditionals, so with the same keys it follows
 the same label path (a test oracle) and serves as the speed baseline.
 
-Each saved draw adds w_k ~ N(D_k^-1 c_k, D_k^-1) and theta_i ~ Dir(beta psi + N_i) from their
-conditionals, so (z, w, psi, theta) is a joint posterior draw of the model's latent sites.
+Each kept sweep adds w_k ~ N(D_k^-1 c_k, D_k^-1) and theta_i ~ Dir(beta psi + N_i) from their conditionals
+given its labels and psi, so (z, w, psi, theta) is a joint posterior draw of the model's latent sites. ``run``
+draws them after the chains, in NumPy on the host (``common.host_conditionals``), from the statistics each kept
+sweep holds (its state's exact D_k, c_k and counts N_i^(k)), with ``np.random.default_rng`` seeded by the words
+of ``fold_in(key, 2)``: the chains' program keeps no draw of them (a Cholesky solve and a Gamma rejection
+sampler per kept sweep, which doubled its compile; benchmarks/results.md, "hlcr_program_size").
 
 The pairs are padded to ``programs.bucket(E)`` (``run``; the events to ``programs.bucket(M)``), so data sets of
 similar size share the compiled chains: a padded pair (``Problem.real`` False) has the label K, which no cluster
@@ -58,7 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inference import programs
+from inference import host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.hlcr.common import (
     Hyper,
@@ -67,7 +72,7 @@ from inference.hlcr.common import (
     antoniak_table_totals,
     cluster_state,
     collapsed_log_joint,
-    draw_conditionals,
+    host_conditionals,
     log_normaliser,
     make_hyper,
     pair_data,
@@ -266,9 +271,8 @@ def kernel(hyper: Hyper, prior: str = "exact", kernel: str = "block") -> Sampler
         return sweep(key, state, problem, hyper, prior, kernel)
 
     def collect(key, state: State, info: Info):
-        """Every sweep also draws (w, theta) from their conditionals, so (z, w, psi, theta) is a joint draw."""
-        w, theta = draw_conditionals(key, state.D, state.c, state.n_agent, state.log_psi, hyper.beta)
-        return {"z": state.z, "w": w, "psi": jnp.exp(state.log_psi), "theta": theta,
+        """The labels, log psi and the statistics (w, theta)'s conditionals read (``run`` draws them on the host)."""
+        return {"z": state.z, "log_psi": state.log_psi, "D": state.D, "c": state.c, "n_agent": state.n_agent,
                 "log_joint_collapsed": info.objective, "n_changed": info.n_changed}
 
     return SamplerKernel(init, step, collect)
@@ -278,7 +282,10 @@ def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: in
         thinning: int = 1, prior: str = "exact", kernel_name: str = "block", z_init=None, progress=None,
         chunk: int = 100):
     """The collapsed chains (``common.run_label_chains``); ``z_init`` (labels per pair) starts every chain. The
-    pairs are padded to ``programs.bucket(E)`` (``padded``); the labels returned are the E real pairs'."""
+    pairs are padded to ``programs.bucket(E)`` (``padded``); the labels returned are the E real pairs'. Each kept
+    sweep's (w, theta) are drawn from their conditionals on the host (``common.host_conditionals``, from
+    ``np.random.default_rng`` seeded by the words of ``fold_in(key, 2)``). Returns (posterior: z, w, psi, theta
+    with leading (chain, draw) axes; stats; the last state)."""
     k = kernel(hyper, prior, kernel_name)
     E = problem.pdat.gs.shape[0]
     problem = padded(problem)
@@ -291,7 +298,11 @@ def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: in
     posterior, stats, state = run_label_chains(
         k, problem, key, num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains, thinning=thinning,
         init_state=init_state, progress=progress, chunk=chunk, desc="hlcr gibbs")
-    return {**posterior, "z": posterior["z"][..., :E]}, stats, state
+    rng = np.random.default_rng(host_keys.words(host_keys.fold_in(key, 2)))
+    w, theta = host_conditionals(rng, posterior["D"], posterior["c"], posterior["n_agent"], posterior["log_psi"],
+                                 hyper.beta)
+    return ({"z": posterior["z"][..., :E], "w": w, "psi": np.exp(posterior["log_psi"]), "theta": theta}, stats,
+            state)
 
 
 def padded(problem: Problem) -> Problem:

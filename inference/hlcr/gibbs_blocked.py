@@ -21,7 +21,7 @@ the labels w and theta are conjugate. The chain's state is (z, w, theta, psi) an
    ``common.antoniak_table_totals`` then ``common.sample_log_dirichlet``): table counts
    m_ik ~ sum_l Bernoulli(beta psi_k / (beta psi_k + l)), psi ~ Dir(alpha/K + sum_i m_ik).
 4. w_k ~ N(D_k^-1 c_k, D_k^-1) (batched Cholesky) and theta_i ~ Dir(beta psi + N_i) given the new psi
-   (``common.draw_conditionals``, the conditionals the collapsed kernel draws with every saved sweep).
+   (``common.draw_conditionals``, the conditionals the collapsed kernel's kept sweeps draw on the host).
 
 Steps 3-4 are one block update of (psi, theta, w) given z: psi moves by a kernel that leaves p(psi | z, y)
 invariant and theta, w are then drawn fresh from p(theta | psi, z) and p(w | z, y), so the sweep leaves the
