@@ -332,7 +332,8 @@ def _optimiser_program(init: Kernel | None, step: Kernel, kind: str, residual: b
 def sample_chains(init: Kernel, step: Kernel, problem: Any, key: jax.Array, *, num_chains: int,
                   num_warmup: int, num_samples: int, thinning: int = 1,
                   collect: Callable[[jax.Array, Any, Any], Any] | None = None, chunk: int | None = None,
-                  progress: bool | None = None, desc: str = "", init_state: Any = None) -> tuple[Any, Any]:
+                  progress: bool | None = None, desc: str = "", init_state: Any = None,
+                  chains: str = "vmap") -> tuple[Any, Any]:
     """Run ``num_chains`` chains of a Markov kernel for ``num_warmup + num_samples * thinning`` steps.
 
     Chain ``c`` starts from ``init(k_c, problem)`` (``k_c`` the c-th of ``split(k_init, num_chains)``, ``k_init,
@@ -345,11 +346,18 @@ def sample_chains(init: Kernel, step: Kernel, problem: Any, key: jax.Array, *, n
     once per ``chunk`` steps (default: 100 with a progress bar; without one, the whole run) or until its buffer
     of kept draws is full (``ROWS`` draws, fewer where a draw is large); the next call goes on from its carry.
     ``num_chains`` is a constant of the program (the ``vmap`` width).
+
+    ``chains``: ``"vmap"`` (default) steps the chains at once, batched; ``"map"`` one after another in each step
+    (``lax.map``: the same keys, so the same chains up to rounding). The batched step compiles into a program about
+    twice the size of one step's; the mapped program holds the unbatched step, and runs the chains' steps in
+    sequence: for a kernel whose step is short and latency-bound that costs little run time and saves compile time.
     """
+    if chains not in CHAINS:
+        raise ValueError(f"chains: expected one of {CHAINS}, got {chains!r}")
     total = num_warmup + num_samples * thinning
     collect = collect or _state_and_info
     fresh = init_state is None
-    program = _sampler_program(init if fresh else None, step, collect, num_chains)
+    program = _sampler_program(init if fresh else None, step, collect, num_chains, chains == "map")
     if fresh:
         state = _zeros_like(_start_shapes(init, num_chains, False, key, problem, chains=True))
     else:
@@ -374,18 +382,26 @@ def sample_chains(init: Kernel, step: Kernel, problem: Any, key: jax.Array, *, n
     return kept, state
 
 
-def _sampler_start_fn(init: Kernel, num_chains: int):
-    """Every chain's ``init(split(k_init, num_chains)[c])``, ``k_init = split(key)[0]`` (strongly typed)."""
+CHAINS = ("vmap", "map")
+
+
+def _sampler_start_fn(init: Kernel, num_chains: int, sequential: bool = False):
+    """Every chain's ``init(split(k_init, num_chains)[c])``, ``k_init = split(key)[0]`` (strongly typed), batched
+    (``vmap``) or one chain after another (``sequential``: ``lax.map``)."""
 
     def start(key, problem):
         k_init = jax.random.split(key)[0]
-        return strongly_typed(jax.vmap(init, in_axes=(0, None))(jax.random.split(k_init, num_chains), problem))
+        keys = jax.random.split(k_init, num_chains)
+        if sequential:
+            return strongly_typed(jax.lax.map(lambda k: init(k, problem), keys))
+        return strongly_typed(jax.vmap(init, in_axes=(0, None))(keys, problem))
 
     return start
 
 
 @programs.cached(maxsize=64)
-def _sampler_program(init: Kernel | None, step: Kernel, collect: Callable, num_chains: int):
+def _sampler_program(init: Kernel | None, step: Kernel, collect: Callable, num_chains: int,
+                     sequential: bool = False):
     """The whole sampler run as one compiled program of ``(state, key, problem, budget, start)``, ``budget =
     (num_warmup, thinning, total, t0, limit)``: fits that differ only in these or in the key share it.
     ``start`` (a fresh run's first call): the state is replaced by every chain's ``init`` (``lax.cond``). Then a
@@ -394,13 +410,23 @@ def _sampler_program(init: Kernel | None, step: Kernel, collect: Callable, num_c
     split(k)``, every chain's step with ``split(k_step, num_chains)`` and its ``collect`` with
     ``split(k_collect, num_chains)``; the step's output is written to row ``j`` of the buffer and ``j`` moves on
     where the step is kept (past the warm-up, every ``thinning``-th). The problem is an argument (not closed
-    over), so data sets of the same shapes share the program. Returns (state, buffer, next ``t``, rows kept)."""
-    start_fn = None if init is None else _sampler_start_fn(init, num_chains)
+    over), so data sets of the same shapes share the program. ``sequential``: the chains' init, step and collect
+    run one chain after another (``lax.map``) instead of batched (``vmap``), with the same keys. Returns (state,
+    buffer, next ``t``, rows kept)."""
+    start_fn = None if init is None else _sampler_start_fn(init, num_chains, sequential)
 
     def one(state, problem, k):
         k_step, k_collect = jax.random.split(k)
-        state, info = jax.vmap(step, in_axes=(0, 0, None))(jax.random.split(k_step, num_chains), state, problem)
-        out = jax.vmap(collect)(jax.random.split(k_collect, num_chains), state, info)
+        step_keys, collect_keys = jax.random.split(k_step, num_chains), jax.random.split(k_collect, num_chains)
+        if sequential:
+            def chain(args):
+                k_s, k_c, s = args
+                s, info = step(k_s, s, problem)
+                return s, collect(k_c, s, info)
+
+            return jax.lax.map(chain, (step_keys, collect_keys, state))
+        state, info = jax.vmap(step, in_axes=(0, 0, None))(step_keys, state, problem)
+        out = jax.vmap(collect)(collect_keys, state, info)
         return state, out
 
     def sampler_run(state, key, problem, budget, start):

@@ -244,3 +244,45 @@ def test_a_full_buffer_of_kept_draws_continues_in_the_next_call_with_the_same_dr
     np.testing.assert_array_equal(capped[0].t, np.broadcast_to(5 + 2 * np.arange(1, 14), (2, 13)))
     np.testing.assert_allclose(capped[0].x, whole[0].x, rtol=1e-12)
     assert np.all(np.asarray(last.t) == 5 + 26)
+
+
+@pytest.mark.parametrize("chains", ["vmap", "map"])
+def test_chains_batched_or_one_after_another_follow_the_documented_keys_of_a_python_loop(chains):
+    """``chains="map"`` steps the chains one after another (``lax.map``), ``"vmap"`` batched: both give the chains
+    of a plain Python loop over chains and steps with the documented keys (chain c starts from ``init(split(
+    split(key)[0], C)[c])``; step t uses ``k_step, k_collect = split(fold_in(split(key)[1], t))``, then row c of
+    ``split(k_step, C)`` and of ``split(k_collect, C)``), fresh or from ``init_state``, with a collect that draws."""
+    C, warmup, samples, thin, key = 3, 4, 5, 2, jax.random.key(21)
+    problem = {"rho": jnp.asarray(0.5)}
+
+    def collect(k, state, info):
+        return state.x + jax.random.normal(k)
+
+    kept, last = sample_chains(ar1_init, ar1_step, problem, key, num_chains=C, num_warmup=warmup,
+                               num_samples=samples, thinning=thin, collect=collect, chunk=3, chains=chains)
+    k_init, k_steps = jax.random.split(key)
+    states = [ar1_init(k, problem) for k in jax.random.split(k_init, C)]
+    want = [[] for _ in range(C)]
+    for t in range(warmup + samples * thin):
+        k_step, k_collect = jax.random.split(jax.random.fold_in(k_steps, t))
+        for c, (ks, kc) in enumerate(zip(jax.random.split(k_step, C), jax.random.split(k_collect, C), strict=True)):
+            states[c], info = ar1_step(ks, states[c], problem)
+            if t >= warmup and (t - warmup + 1) % thin == 0:
+                want[c].append(float(collect(kc, states[c], info)))
+    assert kept.shape == (C, samples)
+    np.testing.assert_allclose(kept, np.array(want), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(last.x), [float(s.x) for s in states], rtol=1e-12)
+    start = np.array([-50.0, 0.0, 50.0])
+    again, _ = sample_chains(None, ar1_step, problem, key, num_chains=C, num_warmup=0, num_samples=2,
+                             init_state=Counter(jnp.zeros(C, jnp.int32), jnp.asarray(start)), chains=chains)
+    x = np.asarray(again[0].x)                                  # x_1 = x_0 / 2 + N(0, 3/4): each from its own start
+    assert x.shape == (C, 2) and np.all(np.abs(x[:, 0] - start / 2) < 6 * np.sqrt(0.75))
+
+
+def test_sample_chains_rejects_an_unknown_chains_mode_before_compiling():
+    from inference._timing import Stopwatch
+
+    with Stopwatch() as watch, pytest.raises(ValueError, match="chains"):
+        sample_chains(ar1_init, ar1_step, {"rho": jnp.asarray(0.5)}, jax.random.key(0), num_chains=2, num_warmup=1,
+                      num_samples=1, chains="serial")
+    assert watch.xla_compiles == []

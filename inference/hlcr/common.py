@@ -418,21 +418,24 @@ def host_conditionals(rng: np.random.Generator, D, c, n_agent, log_psi, beta):
 
 class SamplerKernel(NamedTuple):
     """A Gibbs kernel in ``inference.loop``'s shape: ``init(key, problem)``, ``step(key, state, problem) ->
-    (state, info)`` and ``collect(key, state, info)`` (the dict kept per sweep: z, w, psi, theta and stats)."""
+    (state, info)`` and ``collect(key, state, info)`` (the dict kept per sweep: the labels, psi, what the draws of
+    (w, theta) need, and the stats); ``chains``: how ``inference.loop.sample_chains`` runs the chains (``"vmap"``
+    batched, ``"map"`` one after another in each sweep)."""
 
     init: object
     step: object
     collect: object
+    chains: str = "vmap"
 
 
 def run_label_chains(kernel: SamplerKernel, problem, key, *, num_warmup: int, num_samples: int, num_chains: int,
                      thinning: int, init_state, progress, chunk: int, desc: str):
-    """Run ``num_chains`` chains (vectorised) for ``num_warmup`` + ``num_samples * thinning`` sweeps
+    """Run ``num_chains`` chains (as ``kernel.chains`` says) for ``num_warmup`` + ``num_samples * thinning`` sweeps
     (``inference.loop.sample_chains``). Returns (posterior dict with leading (chain, draw) axes: everything the
     kernel's ``collect`` keeps but its stats; stats dict: log_joint_collapsed, n_changed; last state)."""
     out, state = sample_chains(kernel.init, kernel.step, problem, key, num_chains=num_chains, num_warmup=num_warmup,
                                num_samples=num_samples, thinning=thinning, collect=kernel.collect, chunk=chunk,
-                               progress=progress, desc=desc, init_state=init_state)
+                               progress=progress, desc=desc, init_state=init_state, chains=kernel.chains)
     stat_names = ("log_joint_collapsed", "n_changed")
     posterior = {name: value for name, value in out.items() if name not in stat_names}
     stats = {name: out[name] for name in stat_names}

@@ -186,7 +186,10 @@ def sweep(key, state: State, problem: Problem, hyper: Hyper):
 
 @programs.cached(maxsize=32)
 def kernel(hyper: Hyper) -> SamplerKernel:
-    """The blocked kernel for one static configuration (built once, so ``inference.loop`` compiles it once)."""
+    """The blocked kernel for one static configuration (built once, so ``inference.loop`` compiles it once). Its
+    chains run one after another in each sweep (``chains="map"``): batched over chains, the sweep's scatters and
+    sorts compiled into a program that took about twice as long to build, and a sweep of a few dense operations
+    gains little from the batch (benchmarks/results.md, "hlcr_gibbs_host")."""
 
     def init(key, problem: Problem) -> State:
         k_z, k_params = jax.random.split(key)
@@ -200,7 +203,7 @@ def kernel(hyper: Hyper) -> SamplerKernel:
         return {"z": state.z, "w": state.w, "psi": jnp.exp(state.log_psi), "theta": jnp.exp(state.log_theta),
                 "log_joint_collapsed": info.objective, "n_changed": info.n_changed}
 
-    return SamplerKernel(init, step, collect)
+    return SamplerKernel(init, step, collect, chains="map")
 
 
 def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: int, num_chains: int = 1,
@@ -229,7 +232,7 @@ def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: in
 @register_method("gibbs_blocked", kind="sampler", models=("hlcr",), options={
     "num_warmup": Option(500, "nonnegative_int", "sweeps dropped before the kept ones", tiny=5),
     "num_samples": Option(2000, "positive_int", "sweeps kept per chain (after thinning)", tiny=20),
-    "num_chains": Option(2, "positive_int", "independent chains, run vectorised", tiny=2),
+    "num_chains": Option(2, "positive_int", "independent chains, run one after another in each sweep", tiny=2),
     "thinning": Option(1, "positive_int", "keep every thinning-th sweep"),
     "z_init": Option(None, "any", "initial label per pair (default: uniform random)"),
 })
