@@ -186,3 +186,36 @@ def test_blocked_gibbs_rejects_bad_options_before_compiling(options, match):
     data, _ = b2_toy()
     with pytest.raises(ValueError, match=match):
         fit("hlcr", data, "gibbs_blocked", seed=0, **options)
+
+
+def test_blocked_chains_one_after_another_or_batched_are_the_same_chains(monkeypatch):
+    """Up to ``CHAINS_MAP_MAX_PAIRS`` padded pairs ``run`` steps the chains one after another (``chains="map"``),
+    above it batched (``"vmap"``); with the same keys both give the same chains on the tiny data: the labels equal
+    (a discrete outcome), w, theta, psi and the log joint to 1e-9 relative (rounding of the same operations batched
+    or not)."""
+    from inference.hlcr.common import make_hyper
+
+    spec = zoo.get("hlcr")
+    inputs = model_inputs(spec.tiny_data()[0], spec.default_hyper)
+    hyper = make_hyper(spec.default_hyper, inputs["n_agents"])
+    problem = gb.problem_from_inputs(inputs)
+    modes, run_chains = [], gb.run_label_chains
+
+    def spy(kernel, *args, **kwargs):
+        modes.append(kernel.chains)
+        return run_chains(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(gb, "run_label_chains", spy)
+
+    def run():
+        return gb.run(jax.random.key(4), problem, hyper, num_warmup=3, num_samples=5, num_chains=2)[:2]
+
+    (post_m, stats_m) = run()
+    monkeypatch.setattr(gb, "CHAINS_MAP_MAX_PAIRS", 0)
+    (post_b, stats_b) = run()
+    assert modes == ["map", "vmap"]
+    assert np.mean(stats_m["n_changed"]) > 0                 # the chains move
+    np.testing.assert_array_equal(post_m["z"], post_b["z"])
+    for name in ("w", "theta", "psi"):
+        np.testing.assert_allclose(post_m[name], post_b[name], rtol=1e-9, atol=1e-12, err_msg=name)
+    np.testing.assert_allclose(stats_m["log_joint_collapsed"], stats_b["log_joint_collapsed"], rtol=1e-9)

@@ -258,7 +258,10 @@ def events_by_pair(X, y, pair, n_pairs) -> Events:
 
 @programs.cached(maxsize=32)
 def kernel(hyper: Hyper, prior: str = "exact", kernel: str = "block") -> SamplerKernel:
-    """The Gibbs kernel for one static configuration (built once, so ``inference.loop`` compiles it once)."""
+    """The Gibbs kernel for one static configuration (built once, so ``inference.loop`` compiles it once). Its
+    chains run one after another in each sweep (``chains="map"``): a sweep is a scan over pairs that gains nothing
+    from batching the chains, and the batched sweep compiles into a larger program (benchmarks/results.md,
+    "hlcr_gibbs_host")."""
 
     def init(key, problem: Problem) -> State:
         E = problem.pdat.gs.shape[0]
@@ -275,7 +278,7 @@ def kernel(hyper: Hyper, prior: str = "exact", kernel: str = "block") -> Sampler
         return {"z": state.z, "log_psi": state.log_psi, "D": state.D, "c": state.c, "n_agent": state.n_agent,
                 "log_joint_collapsed": info.objective, "n_changed": info.n_changed}
 
-    return SamplerKernel(init, step, collect)
+    return SamplerKernel(init, step, collect, chains="map")
 
 
 def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: int, num_chains: int = 1,
@@ -322,7 +325,7 @@ def padded(problem: Problem) -> Problem:
 @register_method("gibbs", kind="sampler", models=("hlcr",), options={
     "num_warmup": Option(200, "nonnegative_int", "sweeps dropped before the kept ones", tiny=5),
     "num_samples": Option(1000, "positive_int", "sweeps kept per chain (after thinning)", tiny=20),
-    "num_chains": Option(2, "positive_int", "independent chains, run vectorised", tiny=2),
+    "num_chains": Option(2, "positive_int", "independent chains", tiny=2),
     "thinning": Option(1, "positive_int", "keep every thinning-th sweep"),
     "prior": Option("exact", "string", "label prior: exact auxiliary-variable psi sampler (notes P1), or the "
                     "paper's approximate eq. (2)", choices=PRIORS),

@@ -186,10 +186,8 @@ def sweep(key, state: State, problem: Problem, hyper: Hyper):
 
 @programs.cached(maxsize=32)
 def kernel(hyper: Hyper) -> SamplerKernel:
-    """The blocked kernel for one static configuration (built once, so ``inference.loop`` compiles it once). Its
-    chains run one after another in each sweep (``chains="map"``): batched over chains, the sweep's scatters and
-    sorts compiled into a program that took about twice as long to build, and a sweep of a few dense operations
-    gains little from the batch (benchmarks/results.md, "hlcr_gibbs_host")."""
+    """The blocked kernel for one static configuration (built once, so ``inference.loop`` compiles it once); ``run``
+    picks how its chains run (``CHAINS_MAP_MAX_PAIRS``)."""
 
     def init(key, problem: Problem) -> State:
         k_z, k_params = jax.random.split(key)
@@ -203,18 +201,26 @@ def kernel(hyper: Hyper) -> SamplerKernel:
         return {"z": state.z, "w": state.w, "psi": jnp.exp(state.log_psi), "theta": jnp.exp(state.log_theta),
                 "log_joint_collapsed": info.objective, "n_changed": info.n_changed}
 
-    return SamplerKernel(init, step, collect, chains="map")
+    return SamplerKernel(init, step, collect)
+
+
+CHAINS_MAP_MAX_PAIRS = 1024
+"""Up to this many (padded) pairs ``run`` steps the chains one after another (``chains="map"``), above it batched
+(``"vmap"``): the batched sweep compiles into a program about twice the size, while the mapped one runs slower
+only where a sweep's dense operations over many pairs gain from the batch (benchmarks/results.md,
+"hlcr_gibbs_host")."""
 
 
 def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: int, num_chains: int = 1,
         thinning: int = 1, z_init=None, progress=None, chunk: int = 100):
-    """The blocked chains (``common.run_label_chains``); ``z_init`` (labels per pair) starts every chain, its
+    """The blocked chains (``common.run_label_chains``; one after another in each sweep up to
+    ``CHAINS_MAP_MAX_PAIRS`` padded pairs, else batched); ``z_init`` (labels per pair) starts every chain, its
     (psi, w, theta) drawn given those labels. The pairs are padded to ``programs.bucket(E)``; the labels returned
     are the E real pairs'."""
-    k = kernel(hyper)
     k_init, k_run = host_keys.parts(key)
     E = problem.const.shape[0]
     stats, const, agent, mask = programs.pad_rows(problem.stats, problem.const, problem.agent)
+    k = kernel(hyper)._replace(chains="map" if len(mask) <= CHAINS_MAP_MAX_PAIRS else "vmap")
     problem = Problem(stats, const, agent, mask > 0)
     init_state = None
     if z_init is not None:
@@ -232,7 +238,7 @@ def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: in
 @register_method("gibbs_blocked", kind="sampler", models=("hlcr",), options={
     "num_warmup": Option(500, "nonnegative_int", "sweeps dropped before the kept ones", tiny=5),
     "num_samples": Option(2000, "positive_int", "sweeps kept per chain (after thinning)", tiny=20),
-    "num_chains": Option(2, "positive_int", "independent chains, run one after another in each sweep", tiny=2),
+    "num_chains": Option(2, "positive_int", "independent chains", tiny=2),
     "thinning": Option(1, "positive_int", "keep every thinning-th sweep"),
     "z_init": Option(None, "any", "initial label per pair (default: uniform random)"),
 })
