@@ -258,11 +258,12 @@ class ProgramLog:
 
     Seconds come from ``jax.monitoring``'s compile spans (``backend_compile_duration``: XLA; the lowering span of
     the same name just before it); op counts from the modules XLA dumps before optimising them (``XLA_FLAGS``
-    ``--xla_dump_to=DIR --xla_dump_hlo_as_text``, set by the parent before JAX starts), matched in order by name.
-    A program loaded from the persistent cache has no dump (ops None). ``take()`` returns the programs since the
-    last ``take``, the union of all compile spans (tracing, lowering, XLA) in seconds, and the CPU seconds of this
-    process (user and system, all its threads) inside the outermost of those spans (``cpu_seconds``): on a
-    machine other processes load, wall seconds grow with the load, CPU seconds much less."""
+    ``--xla_dump_to=DIR --xla_dump_hlo_as_text``, set by the parent before JAX starts), each matched to the first
+    dump of its name not matched yet (a program compiled ahead may end after one started later). A program loaded
+    from the persistent cache has no dump (ops None). ``take()`` returns the programs since the last ``take``,
+    the union of all compile spans (tracing, lowering, XLA) in seconds, and the CPU seconds of this process (user
+    and system, all its threads) inside the outermost of those spans (``cpu_seconds``): on a machine other
+    processes load, wall seconds grow with the load, CPU seconds much less."""
 
     def __init__(self, dump: str | None) -> None:
         import jax
@@ -331,15 +332,16 @@ class ProgramLog:
     def take(self) -> tuple[list[dict], float]:
         spans, self.spans = self.spans, []
         eager = self.primitives()
-        modules, i = self._modules(), 0
+        modules = self._modules()
         programs, lowered = [], {}
         for event, name, start, end in spans:
             if event == "jaxpr_to_mlir_module_duration":
                 lowered[name] = end - start
             elif event == "backend_compile_duration":
-                ops = None
-                if i < len(modules) and modules[i][0] == _normal(name):
-                    ops, i = modules[i][1], i + 1
+                ops = None   # the first dump of that name not matched yet (programs compiled ahead end out of order)
+                j = next((j for j, (dumped, _) in enumerate(modules) if dumped == _normal(name)), None)
+                if j is not None:
+                    ops = modules.pop(j)[1]
                 short = name.removeprefix("jit(").removesuffix(")")
                 programs.append({"name": short, "xla_s": round(end - start, 3),
                                  "lower_s": round(lowered.pop(name, 0.0), 3), "hlo_ops": ops,
@@ -440,7 +442,7 @@ def child_floor(log: ProgramLog, model: str, method: str, data_path: str, size: 
 
     import inference
     import zoo
-    from inference import loop
+    from inference import loop, programs
 
     spec, data = zoo.get(model), _load(data_path)
     options = {**_options(spec, method, size), "progress": False}
@@ -452,7 +454,8 @@ def child_floor(log: ProgramLog, model: str, method: str, data_path: str, size: 
         for builder in ("_optimiser_program", "_sampler_program"):
             setattr(loop, builder, _stand_in(builder))
         try:
-            inference.fit(model, data, method, seed=0, **options)
+            with programs.compiling_ahead(False):   # the densities are compiled below, timed apart
+                inference.fit(model, data, method, seed=0, **options)
             return {"floor": None, "why": "no kernel run by inference.loop (not a JAX kernel)"}
         except _Captured as got:
             key = jax.eval_shape(lambda k: jax.random.fold_in(k, 0), got.key)
