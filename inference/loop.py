@@ -23,7 +23,8 @@ This module runs them:
   progress bar between calls (no bar: one call for the whole run); a run that has converged is frozen while
   the others go on, so the result equals a ``while_loop`` per restart.
   ``Info.may_stop`` (optional boolean field) vetoes the stopping rule at a step.
-* ``sample_chains``: Markov kernels (Gibbs), ``num_chains`` chains vectorised, ``num_warmup`` steps
+* ``sample_chains``: Markov kernels (Gibbs), ``num_chains`` chains vectorised (or one after another in each step:
+  ``chains="map"``), ``num_warmup`` steps
   dropped, every ``thinning``-th of the next ``num_samples * thinning`` steps kept (selected in the program).
 * ``draws_in_blocks``: draws from a fitted q through a compiled program of a fixed block of keys, so no program
   depends on ``num_samples``.
@@ -348,9 +349,10 @@ def sample_chains(init: Kernel, step: Kernel, problem: Any, key: jax.Array, *, n
     ``num_chains`` is a constant of the program (the ``vmap`` width).
 
     ``chains``: ``"vmap"`` (default) steps the chains at once, batched; ``"map"`` one after another in each step
-    (``lax.map``: the same keys, so the same chains up to rounding). The batched step compiles into a program about
-    twice the size of one step's; the mapped program holds the unbatched step, and runs the chains' steps in
-    sequence: for a kernel whose step is short and latency-bound that costs little run time and saves compile time.
+    (``lax.map``: the same keys, so the same chains up to rounding). The batched step can take about twice as long
+    to compile as the step alone; the mapped program holds the unbatched step and runs the chains' steps in
+    sequence: for a kernel whose step is short or sequential (a scan) that costs little run time and saves compile
+    time. A per-kernel choice; a long run of dense steps is better batched.
     """
     if chains not in CHAINS:
         raise ValueError(f"chains: expected one of {CHAINS}, got {chains!r}")

@@ -260,7 +260,7 @@ def events_by_pair(X, y, pair, n_pairs) -> Events:
 def kernel(hyper: Hyper, prior: str = "exact", kernel: str = "block") -> SamplerKernel:
     """The Gibbs kernel for one static configuration (built once, so ``inference.loop`` compiles it once). Its
     chains run one after another in each sweep (``chains="map"``): a sweep is a scan over pairs that gains nothing
-    from batching the chains, and the batched sweep compiles into a larger program (benchmarks/results.md,
+    from batching the chains, and the batched sweep takes longer to compile (benchmarks/results.md,
     "hlcr_gibbs_host")."""
 
     def init(key, problem: Problem) -> State:

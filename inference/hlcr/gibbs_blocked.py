@@ -204,11 +204,10 @@ def kernel(hyper: Hyper) -> SamplerKernel:
     return SamplerKernel(init, step, collect)
 
 
-CHAINS_MAP_MAX_PAIRS = 1024
+CHAINS_MAP_MAX_PAIRS = 512
 """Up to this many (padded) pairs ``run`` steps the chains one after another (``chains="map"``), above it batched
-(``"vmap"``): the batched sweep compiles into a program about twice the size, while the mapped one runs slower
-only where a sweep's dense operations over many pairs gain from the batch (benchmarks/results.md,
-"hlcr_gibbs_host")."""
+(``"vmap"``): the batched sweep takes about twice as long to compile, and the mapped one runs slower where a
+sweep's dense operations over many pairs gain from the batch (benchmarks/results.md, "hlcr_gibbs_host")."""
 
 
 def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: int, num_chains: int = 1,
