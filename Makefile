@@ -1,6 +1,5 @@
 # bayes-zoo: `make demo` and `make test` are the only commands a new machine needs.
-# Each creates .venv on first use with the first Python >= 3.12 it finds (pip --no-compile: Python byte-compiles
-# only the modules a run imports, on first import, instead of every installed file: a fresh install in 34 s, not 90).
+# Each creates .venv on first use with the first Python >= 3.12 it finds.
 
 SHELL := /bin/bash
 VENV := .venv
@@ -43,7 +42,7 @@ $(STAMP): pyproject.toml
 	  $$found -m venv $(VENV); \
 	fi; \
 	$(PY) -m pip install -q --upgrade pip >/dev/null 2>&1 || true; \
-	$(PY) -m pip install -q --no-compile -e '.[dev]'; \
+	$(PY) -m pip install -q -e '.[dev]'; \
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -55,7 +54,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 test-all: $(STAMP)
-	$(PY) -m pip install -q --no-compile -e '.[dev,distributed]'
+	$(PY) -m pip install -q -e '.[dev,distributed]'
 	BAYES_ZOO_TEST_XLA_OPT=full $(PY) -m pytest -q
 
 bench: $(STAMP)
