@@ -43,7 +43,7 @@ def omega(xi):
     return jnp.where(small, 0.125 - xi**2 / 96.0, jnp.tanh(safe / 2.0) / (4.0 * safe))
 
 
-class ScaleMoments(NamedTuple):
+class HTerms(NamedTuple):
     """log H(p, C, r) and E[s^-2] = H(p+2, C, r)/H(p, C, r) of q(sigma), q(gamma) (LMM) and q(tau_t) at a state."""
     lh_sigma: jax.Array   # ()
     E_sigma: jax.Array    # ()   E[sigma^-2]
@@ -53,7 +53,7 @@ class ScaleMoments(NamedTuple):
     E_tau: jax.Array      # (T,) E[tau_t^-2]
 
 
-def scale_moments(cfg, st, n) -> ScaleMoments:
+def h_terms(cfg, st, n) -> HTerms:
     """The H functions of every scale factor at ``st`` (q(sigma): p = 2m - 2, q(gamma): p = n - 2, q(tau_t):
     p = J - 2; notes §3.2, §3.5) in one batched ``log_h`` over the 2 (2 + T) values of p and p + 2: a sweep
     computes them once per state, so its program holds one quadrature grid (``n`` observations)."""
@@ -66,16 +66,16 @@ def scale_moments(cfg, st, n) -> ScaleMoments:
     k = p.shape[0]
     lh0, E = lh[:k], jnp.exp(lh[k:] - lh[:k])
     g = 1 if gauss else 0
-    return ScaleMoments(lh0[0], E[0], lh0[1] if gauss else jnp.asarray(0.0), E[1] if gauss else jnp.asarray(1.0),
+    return HTerms(lh0[0], E[0], lh0[1] if gauss else jnp.asarray(0.0), E[1] if gauss else jnp.asarray(1.0),
                         lh0[1 + g:], E[1 + g:])
 
 
 def pseudo(cfg, data, st, E_gamma=None):
     """(w, yt): the weighted Gaussian pseudo-likelihood of the current factors (notes §3.1); LMM: ``E_gamma`` =
-    E[gamma^-2] at ``st`` (``scale_moments``), computed here if not given."""
+    E[gamma^-2] at ``st`` (``h_terms``), computed here if not given."""
     if cfg.likelihood == "gaussian":
         if E_gamma is None:
-            E_gamma = scale_moments(cfg, st, data.n_obs).E_gamma
+            E_gamma = h_terms(cfg, st, data.n_obs).E_gamma
         return data.mask * E_gamma, data.y
     if cfg.likelihood == "probit":
         mu = st.EZ @ st.mu_a + data.Af @ st.mu_b
@@ -125,7 +125,7 @@ def lower_bound(cfg, data, st):
     logit: the Jaakkola-Jordan bound at ``st.xi``."""
     m, d = cfg.m, cfg.d
     trM = jnp.trace(st.Sig_a) + st.mu_a @ st.mu_a
-    mom = scale_moments(cfg, st, data.n_obs)
+    mom = h_terms(cfg, st, data.n_obs)
     L = m * math.log(m) - m * LOG_2PI + math.log(2 * cfg.A_sigma / math.pi) + \
         mom.lh_sigma + mom.E_sigma * (st.C_sig - 0.5 * m * trM)
     dl = st.mu_lam - data.mu_lam0

@@ -9,7 +9,7 @@ Every function takes ``xp`` (``jax.numpy``, the default, inside the compiled swe
 draws and moments of a fit, on the host: one formula, two array libraries); ``sample_scale_host`` is the NumPy twin
 of ``sample_scale`` (a ``numpy.random.Generator`` for a JAX key). ``log_h`` and ``inv_moment`` broadcast over
 arrays of (p, C, r), the grid on a new last axis: a sweep evaluates all its scale factors' H functions in one call
-(``inference.ssgp.bound.scale_moments``), so its compiled program holds one grid, not one per factor and use.
+(``inference.ssgp.bound.h_terms``), so its compiled program holds one grid, not one per factor and use.
 """
 
 from __future__ import annotations

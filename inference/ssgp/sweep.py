@@ -31,7 +31,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from inference.ssgp.bound import eta_moments, inv_spd, lower_bound, prior_prec_beta, pseudo, scale_moments
+from inference.ssgp.bound import eta_moments, h_terms, inv_spd, lower_bound, prior_prec_beta, pseudo
 from inference.ssgp.features import expectations, ncvmp_terms, quad_features
 
 INNER = 10  # CAVI passes over (alpha, beta, scales[, y*]) per lam step (``_coefficients_and_scales``)
@@ -136,9 +136,9 @@ def _coefficients_and_scales(cfg, data, st):
 
 def _coefficients_and_scales_once(cfg, data, st):
     """Steps 4-7 of the sweep after q(lam) moved (E[Z], E[Z^T W Z] current), one pass; the scale factors'
-    moments at the pass's start once (``scale_moments``)."""
+    moments at the pass's start once (``h_terms``)."""
     m = cfg.m
-    mom = scale_moments(cfg, st, data.n_obs)
+    mom = h_terms(cfg, st, data.n_obs)
     w, yt = pseudo(cfg, data, st, mom.E_gamma)                        # probit: y* for the new E[Z]
     EZ, ZWZ = st.EZ, st.ZWZ
     Es = mom.E_sigma
