@@ -101,6 +101,8 @@ def test_closed_form_elbo_equals_numpyro_elbo_of_model_and_guide(learn):
     cfg, shard, st, trace = central(data["Y"], hyper, 20)
     closed = float(C.elbo(cfg, st, shard))
     assert closed == pytest.approx(trace[-1], rel=1e-12)     # the ELBO the sweep reports is the same function
+    q = C.q_of(cfg, st.g, st.tau, st.alpha, st.mz, st.Sz)
+    assert C.elbo_of(cfg, q, shard) == pytest.approx(closed, rel=1e-12)   # the host's (NumPy, SciPy) ELBO of a q
     kw = bpca.model_inputs(data, hyper)
     params = G.guide_params(C.q_of(cfg, st.g, st.tau, st.alpha, st.mz, st.Sz))
     model = substitute(bpca.model, data={})

@@ -22,13 +22,13 @@ model site (W, mu, z, tau, alpha) and the ELBO is on the model's space. Every pa
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import jax.scipy.special as jsp
 import numpy as np
-from jax.scipy.special import digamma, gammaln
+import scipy.special as ssp
 
 from inference import host_draws as hd
 from inference import host_keys, programs
@@ -158,23 +158,31 @@ def init_key(key: jax.Array) -> jax.Array:
     return host_keys.fold_in(key, 0)
 
 
-def expectations(cfg: Cfg, tau_q, alpha_q):
+def _special(xp):
+    """The special functions of the array namespace ``xp``: ``jax.scipy.special`` inside the compiled sweeps,
+    ``scipy.special`` for the one-shot ELBO of a fit's q on the host (``elbo_of``)."""
+    return jsp if xp is jnp else ssp
+
+
+def expectations(cfg: Cfg, tau_q, alpha_q, xp=jnp):
     """E[tau], E[log tau], E[alpha] (M,), E[log alpha] (M,) (fixed values when not learned)."""
+    digamma = _special(xp).digamma
     if cfg.learn_tau:
-        Etau, Elogtau = tau_q[0] / tau_q[1], digamma(tau_q[0]) - jnp.log(tau_q[1])
+        Etau, Elogtau = tau_q[0] / tau_q[1], digamma(tau_q[0]) - xp.log(tau_q[1])
     else:
-        Etau, Elogtau = jnp.asarray(cfg.tau), jnp.log(cfg.tau)
+        Etau, Elogtau = xp.asarray(cfg.tau), xp.log(cfg.tau)
     if cfg.learn_alpha:
-        Ealpha, Elogalpha = alpha_q[0] / alpha_q[1], digamma(alpha_q[0]) - jnp.log(alpha_q[1])
+        Ealpha, Elogalpha = alpha_q[0] / alpha_q[1], digamma(alpha_q[0]) - xp.log(alpha_q[1])
     else:
-        a = jnp.asarray(cfg.alpha)
-        Ealpha, Elogalpha = a, jnp.log(a)
+        a = xp.asarray(cfg.alpha)
+        Ealpha, Elogalpha = a, xp.log(a)
     return Etau, Elogtau, Ealpha, Elogalpha
 
 
-def kl_gamma(s1, r1, s2, r2):
+def kl_gamma(s1, r1, s2, r2, xp=jnp):
     """KL(Gamma(s1, r1) || Gamma(s2, r2)), shape-rate."""
-    return ((s1 - s2) * digamma(s1) - gammaln(s1) + gammaln(s2) + s2 * (jnp.log(r1) - jnp.log(r2))
+    sp = _special(xp)
+    return ((s1 - s2) * sp.digamma(s1) - sp.gammaln(s1) + sp.gammaln(s2) + s2 * (xp.log(r1) - xp.log(r2))
             + s1 * (r2 - r1) / r1)
 
 
@@ -191,18 +199,19 @@ def z_step(g: Globals, Etau, shard: Shard):
     return mz, Sz, logdet
 
 
-def second_moments(mz, Sz, shard: Shard):
+def second_moments(mz, Sz, shard: Shard, xp=jnp):
     """S_d = sum_{n in O^d} E[z_n z_n^T] (D, M, M)."""
     Ezz = mz[:, :, None] * mz[:, None, :] + Sz
-    return jnp.einsum("nd,nij->dij", shard.O, Ezz)
+    return xp.einsum("nd,nij->dij", shard.O, Ezz)
 
 
-def expected_sq_residual(g: Globals, mz, S, shard: Shard):
+def expected_sq_residual(g: Globals, mz, S, shard: Shard, xp=jnp):
     """A = sum over observed (n, d) of E[(x_dn - w_d^T z_n - mu_d)^2] (bracket of N3.1 step 4)."""
     R = (shard.X - g.mmu) * shard.O
-    Q = g.mw[:, :, None] * g.mw[:, None, :] + jax.vmap(jnp.diag)(g.vw)
     n_d = shard.O.sum(0)
-    return (jnp.sum(R * R) + jnp.sum(n_d * g.vmu) - 2.0 * jnp.sum(R * (mz @ g.mw.T)) + jnp.sum(Q * S))
+    # sum_d tr(E[w_d w_d^T] S_d), E[w_d w_d^T] = m_d m_d^T + diag(v_d)
+    wSw = xp.einsum("dm,dmk,dk->", g.mw, S, g.mw) + xp.sum(g.vw * xp.diagonal(S, axis1=1, axis2=2))
+    return xp.sum(R * R) + xp.sum(n_d * g.vmu) - 2.0 * xp.sum(R * (mz @ g.mw.T)) + wSw
 
 
 def positive_root(a, b, c):
@@ -224,47 +233,43 @@ def positive_root(a, b, c):
     return jnp.where(disc < 0, -b / (2.0 * safe_a), root)
 
 
-def elbo_from(cfg: Cfg, st: VBState, shard: Shard, A, c, c_tau):
-    """The closed-form ELBO (step 6) of the state, with the expected squared residual ``A`` given."""
+def elbo_from(cfg: Cfg, st: VBState, shard: Shard, A, c, c_tau, xp=jnp):
+    """The closed-form ELBO (step 6) of the state, with the expected squared residual ``A`` given (``xp``: the
+    array namespace, ``jax.numpy`` in the sweeps, ``numpy`` in ``elbo_of``)."""
     g = st.g
-    Etau, Elogtau, Ealpha, Elogalpha = expectations(cfg, st.tau, st.alpha)
-    n_obs = jnp.sum(shard.O)
+    Etau, Elogtau, Ealpha, Elogalpha = expectations(cfg, st.tau, st.alpha, xp)
+    n_obs = xp.sum(shard.O)
     ell = 0.5 * n_obs * (Elogtau - LOG_2PI) - 0.5 * Etau * A
-    trS = jnp.trace(st.Sz, axis1=1, axis2=2)
-    zt = jnp.sum(shard.row * (0.5 * cfg.M - 0.5 * (jnp.sum(st.mz**2, 1) + trS) - 0.5 * st.logdet))
-    wt = jnp.sum(0.5 * Elogalpha - 0.5 * Ealpha * (g.mw**2 + g.vw) + 0.5 * jnp.log(g.vw) + 0.5)
-    mut = jnp.sum(0.5 * jnp.log(cfg.theta) - 0.5 * cfg.theta * (g.mmu**2 + g.vmu) + 0.5 * jnp.log(g.vmu) + 0.5)
+    trS = xp.trace(st.Sz, axis1=1, axis2=2)
+    zt = xp.sum(shard.row * (0.5 * cfg.M - 0.5 * (xp.sum(st.mz**2, 1) + trS) - 0.5 * st.logdet))
+    wt = xp.sum(0.5 * Elogalpha - 0.5 * Ealpha * (g.mw**2 + g.vw) + 0.5 * xp.log(g.vw) + 0.5)
+    mut = xp.sum(0.5 * xp.log(cfg.theta) - 0.5 * cfg.theta * (g.mmu**2 + g.vmu) + 0.5 * xp.log(g.vmu) + 0.5)
     glob = wt + mut
     if cfg.learn_alpha:
-        glob = glob - jnp.sum(kl_gamma(st.alpha[0], st.alpha[1], cfg.a_alpha, cfg.b_alpha))
+        glob = glob - xp.sum(kl_gamma(st.alpha[0], st.alpha[1], cfg.a_alpha, cfg.b_alpha, xp))
     out = ell + zt + c * glob
     if cfg.learn_tau:
-        out = out - c_tau * kl_gamma(st.tau[0], st.tau[1], cfg.a_tau, cfg.b_tau)
+        out = out - c_tau * kl_gamma(st.tau[0], st.tau[1], cfg.a_tau, cfg.b_tau, xp)
     return out
 
 
-def elbo(cfg: Cfg, st: VBState, shard: Shard, c=1.0, c_tau=None):
+def elbo(cfg: Cfg, st: VBState, shard: Shard, c=1.0, c_tau=None, xp=jnp):
     """The closed-form ELBO at arbitrary variational parameters (``st``'s g, tau, alpha, mz, Sz; logdet is
     recomputed from Sz)."""
-    st = st._replace(logdet=-jnp.linalg.slogdet(st.Sz)[1])
-    S = second_moments(st.mz, st.Sz, shard)
-    return elbo_from(cfg, st, shard, expected_sq_residual(st.g, st.mz, S, shard), c, c if c_tau is None else c_tau)
+    st = st._replace(logdet=-xp.linalg.slogdet(st.Sz)[1])
+    S = second_moments(st.mz, st.Sz, shard, xp)
+    A = expected_sq_residual(st.g, st.mz, S, shard, xp)
+    return elbo_from(cfg, st, shard, A, c, c if c_tau is None else c_tau, xp)
 
 def elbo_of(cfg: Cfg, q: Q, shard: Shard) -> float:
-    """The centralised (c = 1) closed-form ELBO of a q on the whole data (one compiled call: operation by
-    operation, the ELBO ran some seventy programs), its rows padded to ``programs.bucket(n)``."""
+    """The centralised (c = 1) closed-form ELBO of a q on the whole data, in NumPy and SciPy (``elbo`` with
+    ``xp=numpy``): it runs once per fit, where a compiled program would cost more to build than to run."""
+    q = jax.tree.map(lambda a: np.asarray(a, float), jax.device_get(q))
     tau = q.tau if q.tau is not None else np.ones(2)
     alpha = q.alpha if q.alpha is not None else np.ones((2, cfg.M))
-    n, size = np.shape(q.mz)[0], programs.bucket(np.shape(q.mz)[0])   # padded rows: q(z_n) = N(0, I), no entry
-    mz = np.concatenate([np.asarray(q.mz, float), np.zeros((size - n, cfg.M))])
-    Sz = np.concatenate([np.asarray(q.Sz, float), np.tile(np.eye(cfg.M), (size - n, 1, 1))])
-    st = VBState(q.g, tau, alpha, mz, Sz, np.zeros(size), np.asarray(np.nan))
-    return float(_elbo_program(cfg, st, padded_shard(shard, size)))
-
-
-@functools.partial(jax.jit, static_argnums=0, compiler_options=programs.ONE_SHOT)   # once per fit
-def _elbo_program(cfg: Cfg, st: VBState, shard: Shard):
-    return elbo(cfg, st, shard)
+    shard = Shard(*(np.asarray(a, float) for a in shard))
+    st = VBState(q.g, tau, alpha, q.mz, q.Sz, np.zeros(q.mz.shape[0]), np.asarray(np.nan))
+    return float(elbo(cfg, st, shard, xp=np))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -104,21 +104,25 @@ def _update_psi(log_psi, a, hyper: Hyper, n_steps: int = 30):
 
 
 def _update_psi_from(log_psi, elog_sum, hyper: Hyper, n_steps: int = 30):
-    """Monotone gradient ascent on the softmax logits given sum_i E[log theta_i] (a step is kept only if the
-    objective does not drop; otherwise the step size is halved). The server of fedvb runs it on the summed
-    uploads."""
-    f = lambda u: _psi_objective(u, elog_sum, hyper)  # noqa: E731
-    grad = jax.grad(f)
+    """Monotone gradient ascent on the softmax logits given sum_i E[log theta_i]: a step is kept only if the
+    objective does not drop, and the step size then grows by 1.5; otherwise it shrinks by 4. The server of fedvb
+    runs it on the summed uploads."""
+    value_and_grad = jax.value_and_grad(lambda u: _psi_objective(u, elog_sum, hyper))
 
-    def body(_, carry):
-        u, fu, lr = carry
-        v = u + lr * grad(u)
-        fv = f(v)
+    def body(i, carry):
+        # iteration 0 only evaluates the start (lr * 0 = 0 moves nothing, fu = -inf accepts it); iterations
+        # 1..n_steps are the ascent steps. One value-and-gradient per iteration, at the candidate, whose gradient
+        # is kept with it: the compiled loop holds one copy of the objective's lgamma and its derivative
+        u, fu, gu, lr = carry
+        v = u + lr * gu
+        fv, gv = value_and_grad(v)
         ok = fv >= fu
-        return jnp.where(ok, v, u), jnp.where(ok, fv, fu), jnp.where(ok, lr * 1.5, lr * 0.25)
+        lr = jnp.where(i == 0, lr, jnp.where(ok, lr * 1.5, lr * 0.25))
+        return jnp.where(ok, v, u), jnp.where(ok, fv, fu), jnp.where(ok, gv, gu), lr
 
     u0 = log_psi
-    u, _, _ = jax.lax.fori_loop(0, n_steps, body, (u0, f(u0), 0.1))
+    start = (u0, jnp.asarray(-jnp.inf), jnp.zeros_like(u0), jnp.asarray(0.1))
+    u, _, _, _ = jax.lax.fori_loop(0, n_steps + 1, body, start)
     return jax.nn.log_softmax(u)
 
 
