@@ -316,7 +316,8 @@ def host_init(key, problem: SVIProblem, optimiser) -> State:
     m, r, p, _ = layout
     seed = hd.threefry_split(hd.threefry_split(host_keys.words(key), 3)[2])[1]
     k1, k2 = hd.threefry_split(seed)
-    x = _initial_x(layout, problem.kw["Y"], hd.threefry_normal(k1, (m, r)), hd.threefry_normal(k2, (p, m)))
+    with np.errstate(all="ignore"):   # data that overflow here are named by the fit's check of non-finite values
+        x = _initial_x(layout, problem.kw["Y"], hd.threefry_normal(k1, (m, r)), hd.threefry_normal(k2, (p, m)))
     adam = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(optimiser.init, x))
     return State(x, adam, np.asarray(0, np.int64))
 
