@@ -172,6 +172,36 @@ def test_d3_one_agent_full_participation_gamma1_leave_own_out_reproduces_central
                 and np.array_equal(res.history["n_changed"], changed))
 
 
+@pytest.mark.parametrize("noise", [0.0, 0.3])
+def test_the_initialisation_round_draws_no_psi_and_equals_the_general_aggregate(noise):
+    """The round-0 aggregate after ``init_server`` (its t = -1 a host constant) takes the sums as they are and keeps
+    psi uniform without drawing the psi that round discards; the same aggregate with the server state traced (the
+    general path, whose draw is then masked out) gives the same server state and broadcast (to 1e-14; the draw's
+    random numbers: one fewer function in the compiled start)."""
+    J = 3
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(J, K, F, F))
+    messages = {"D": A @ np.swapaxes(A, -1, -2), "c": rng.normal(size=(J, K, F)),
+                "n": rng.integers(0, 5, (J, K)).astype(float), "m": rng.integers(0, 3, (J, K)).astype(float)}
+    active = np.array([True, False, True])
+    cfg = hf.Config(K, F, 1.0, 1.0, 1.0, 0.5, True, "exact", noise)
+    proto = hf.make_protocol(cfg, jax.random.key(1))
+    server0 = proto.init_server(messages, active)
+    assert isinstance(server0.t, np.ndarray) and int(server0.t) == -1
+    first = jax.jit(lambda m, a: proto.aggregate(proto.init_server(m, a), m, a))(messages, active)
+    general = jax.jit(proto.aggregate)(server0, messages, active)
+    for got, want in zip(jax.tree.leaves(first), jax.tree.leaves(general), strict=True):
+        if jax.dtypes.issubdtype(got.dtype, jax.dtypes.prng_key):
+            got, want = jax.random.key_data(got), jax.random.key_data(want)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-14, atol=1e-14)
+    server = first[0]
+    assert int(server.t) == 0
+    np.testing.assert_array_equal(np.asarray(server.log_psi), np.full(K, -np.log(K)))
+    if noise == 0.0:
+        np.testing.assert_allclose(np.asarray(server.D), (messages["D"] * active[:, None, None, None]).sum(0),
+                                   rtol=1e-14)
+
+
 def test_leave_own_out_tracks_each_agents_smoothed_contribution_exactly(partial_run):
     """Under partial participation, dropouts and gamma < 1, the sum over agents of their own tracked
     contributions (decayed to the server's update count) equals the server's smoothed statistics: G4 removes

@@ -416,3 +416,98 @@ def test_predict_from_a_gibbs_tree_and_a_nuts_tree_through_inference_predict_agr
         assert np.all(p["lower"] < p["mean"]) and np.all(p["mean"] < p["upper"])
     cold = predict(gibbs, {"X": test["X"][:3], "agent": np.full(3, 10**6), "entity": np.zeros(3, int)})
     assert not cold["known_pair"].any() and np.all(cold["sd"] > g["sd"][:3].min())
+
+
+# --------------------------------------------------------------------------------------------------
+# D. The sweep's random numbers from one block of uniforms, the chains' start on the host (issue 28)
+# --------------------------------------------------------------------------------------------------
+
+
+def _log_gamma_cdf(a, lg):
+    """P(G <= exp(lg)) for G ~ Gamma(a, 1) (SciPy's regularised incomplete gamma; below exp(-700), where exp
+    underflows, the leading term of its series, exp(a lg - lgamma(a + 1)), whose next term is O(exp(lg)))."""
+    from scipy.special import gammainc, gammaln
+
+    tiny = lg < -700
+    return np.where(tiny, np.exp(a * np.where(tiny, lg, 0.0) - gammaln(a + 1.0)),
+                    gammainc(a, np.exp(np.where(tiny, 0.0, lg))))
+
+
+@pytest.mark.parametrize("a", [1e-4, 0.05, 0.7, 1.0, 3.5, 30.0])
+def test_gamma_draws_from_one_block_of_uniforms_follow_scipys_gamma(a):
+    """``log_gamma_from_uniforms`` (Marsaglia-Tsang with Box-Muller normals, the sweeps' psi and theta draws):
+    20,000 draws of log G, mapped through SciPy's Gamma(a) CDF (in log space for the tiny shape, where half the mass
+    lies below exp(-700)), pass a Kolmogorov-Smirnov test of uniformity at p > 1e-3 (6 shapes: a false alarm has
+    probability < 0.6 %)."""
+    import jax
+    import scipy.stats
+
+    from inference.hlcr.common import GAMMA_UNIFORMS, log_gamma_from_uniforms, open_uniforms
+
+    S = 20_000
+    draw = jax.jit(lambda k: log_gamma_from_uniforms(open_uniforms(k, (GAMMA_UNIFORMS, S)), jnp.full(S, a)))
+    lg = np.asarray(draw(jax.random.key(int(a * 1e4))))
+    assert np.all(np.isfinite(lg))
+    assert scipy.stats.kstest(_log_gamma_cdf(a, lg), "uniform").pvalue > 1e-3
+
+
+def test_dirichlet_draws_from_uniforms_have_scipys_mean_and_are_floored():
+    """``log_dirichlet_from_uniforms``: 20,000 draws of Dir(0.4, 2, 7, 1e-5); every component's mean within 4.5
+    MCSE of SciPy's Dirichlet mean (MCSE from SciPy's variance), and log theta floored at log(tiny)."""
+    import jax
+    import scipy.stats
+
+    from inference.hlcr.common import GAMMA_UNIFORMS, TINY_LOG, log_dirichlet_from_uniforms, open_uniforms
+
+    conc, S = np.array([0.4, 2.0, 7.0, 1e-5]), 20_000
+    draw = jax.jit(lambda k: log_dirichlet_from_uniforms(open_uniforms(k, (GAMMA_UNIFORMS, S, 4)),
+                                                         jnp.broadcast_to(conc, (S, 4))))
+    log_theta = np.asarray(draw(jax.random.key(3)))
+    assert log_theta.min() >= TINY_LOG
+    dist = scipy.stats.dirichlet(conc)
+    mcse = np.sqrt(dist.var() / S)
+    assert np.all(np.abs(np.exp(log_theta).mean(0) - dist.mean()) < 4.5 * mcse + 1e-12)
+
+
+def test_host_uniform_labels_are_jax_randint_bit_for_bit():
+    """The chains' first labels drawn on the host equal ``jax.random.randint(key, (n,), 0, K)`` exactly (several
+    keys and K), and entry e does not depend on n (padding)."""
+    import jax
+
+    from inference import host_keys
+    from inference.hlcr.common import host_uniform_labels
+
+    for seed in range(4):
+        key = jax.random.key(seed)
+        for K in (2, 3, 5, 7):
+            want = np.asarray(jax.random.randint(key, (37,), 0, K))
+            got = host_uniform_labels(host_keys.words(key), 37, K)
+            np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(host_uniform_labels(host_keys.words(key), 64, K)[:37], want)
+
+
+def test_the_chains_first_state_built_on_the_host_is_the_kernels_init():
+    """``gibbs.run`` starts the chains from a state built on the host (``first_labels``, ``host_state``): the labels
+    of the kernel's ``init`` with the keys ``sample_chains`` gives it (equal, padded pairs K) and the cluster sums,
+    log normalisers and counts of ``state_from_labels`` (1e-12 relative: the same sums in another order)."""
+    import jax
+
+    from inference.hlcr import gibbs as hg
+    from inference.hlcr.common import make_hyper
+
+    data, _ = zoo.get("hlcr").simulate(2, n_agents=6, mean_entities=3.0, mean_events=5.0, K=3, F=2, sigma=0.5)
+    hyper_dict = {"K": 3, "alpha": None, "beta": 1.0, "delta": 1.0, "sigma": 0.5}
+    inputs = model_inputs(data, hyper_dict)
+    hyper = make_hyper(hyper_dict, inputs["n_agents"])
+    problem = hg.padded(hg.Problem(pair_data(inputs)))
+    assert not np.all(problem.real)                                 # some pairs are padding
+    key = jax.random.key(9)
+    host = hg.host_state(hg.first_labels(key, problem, hyper, 2), problem.pdat, hyper)
+    init = hg.kernel(hyper).init
+    keys = jax.random.split(jax.random.split(key)[0], 2)            # inference.loop's chain keys
+    want = jax.jit(jax.vmap(lambda k: init(k, problem)))(keys)
+    np.testing.assert_array_equal(host.z, np.asarray(want.z))
+    assert set(np.unique(host.z[:, ~problem.real])) == {3}
+    for name in ("D", "c", "logZ", "n_agent", "n_cluster", "log_psi"):
+        np.testing.assert_allclose(getattr(host, name), np.asarray(getattr(want, name)), rtol=1e-12, atol=1e-12,
+                                   err_msg=name)

@@ -219,3 +219,33 @@ def test_blocked_chains_one_after_another_or_batched_are_the_same_chains(monkeyp
     for name in ("w", "theta", "psi"):
         np.testing.assert_allclose(post_m[name], post_b[name], rtol=1e-9, atol=1e-12, err_msg=name)
     np.testing.assert_allclose(stats_m["log_joint_collapsed"], stats_b["log_joint_collapsed"], rtol=1e-9)
+
+
+def test_the_blocked_chains_first_labels_on_the_host_are_the_kernels_init_and_tables_match_the_program():
+    """``gibbs_blocked.run`` starts the chains from a state built on the host (``host_start``): its labels are the
+    kernel's ``init`` draw with the keys ``sample_chains`` gives it (equal; padded pairs K), and the host table
+    counts equal ``antoniak_table_totals`` given the same uniforms (exactly: integer counts)."""
+    from inference import host_keys
+    from inference.hlcr.common import antoniak_table_totals, host_table_totals, make_hyper
+
+    spec = zoo.get("hlcr")
+    inputs = model_inputs(spec.tiny_data()[0], spec.default_hyper)
+    hyper = make_hyper(spec.default_hyper, inputs["n_agents"])
+    stats, const, agent, mask = gb.programs.pad_rows(*gb.problem_from_inputs(inputs)[:3])
+    problem = gb.Problem(stats, const, agent, mask > 0)
+    k_init, k_run = host_keys.parts(jax.random.key(6))
+    start = gb.host_start(k_init, k_run, problem, hyper, 2)
+    keys = jax.random.split(jax.random.split(k_run)[0], 2)           # inference.loop's chain keys
+    want = jax.jit(jax.vmap(lambda k: gb.kernel(hyper).init(k, problem)))(keys)
+    np.testing.assert_array_equal(start.z, np.asarray(want.z))
+    assert start.w.shape == want.w.shape and start.log_theta.shape == want.log_theta.shape
+    np.testing.assert_allclose(np.exp(start.log_psi).sum(-1), 1.0, rtol=1e-12)
+    log_psi = np.log(np.array([0.5, 0.3, 0.2])[:hyper.K] / np.array([0.5, 0.3, 0.2])[:hyper.K].sum())
+    z = start.z[0]
+    real = z < hyper.K
+    u = np.ones(len(z))
+    u[real] = np.random.default_rng(2).random(int(real.sum()))
+    m_host = host_table_totals(np.random.default_rng(2), z, agent, log_psi, hyper.beta, hyper.K, hyper.n_agents)
+    m_prog = antoniak_table_totals(None, jnp.asarray(z), jnp.asarray(agent), jnp.asarray(log_psi), hyper.beta,
+                                   hyper.K, hyper.n_agents, jnp.asarray(real), u=jnp.asarray(u))
+    np.testing.assert_array_equal(m_host, np.asarray(m_prog))

@@ -195,6 +195,21 @@ def _normals(keys, shapes):
 GAMMA_TRIALS = 12
 
 
+def _log_gamma_mt(a, x, u, u_boost):
+    """log Gamma(a, 1) from ``GAMMA_TRIALS`` Marsaglia-Tsang proposals for shape a + 1 (standard normals ``x`` and
+    uniforms ``u`` on (0, 1), shape (GAMMA_TRIALS, *a.shape)), the first accepted (the last where none is), and the
+    boost G(a) = G(a + 1) U^(1/a) with ``u_boost`` (a.shape) in log space."""
+    b = a + 1.0
+    d = b - 1.0 / 3.0
+    c = 1.0 / jnp.sqrt(9.0 * d)
+    v = (1.0 + c * x) ** 3
+    vpos = jnp.where(v > 0, v, 1.0)
+    accept = (v > 0) & (jnp.log(u) < 0.5 * x**2 + d - d * vpos + d * jnp.log(vpos))
+    first = jnp.argmax(accept.at[-1].set(True), axis=0)
+    log_g = jnp.log(d) + jnp.log(jnp.take_along_axis(vpos, first[None], axis=0)[0])
+    return log_g + jnp.log(u_boost) / a
+
+
 def sample_log_gamma(key, a, x=None):
     """log of Gamma(a, 1) draws (any shape ``a`` > 0), cheap to compile.
 
@@ -205,21 +220,46 @@ def sample_log_gamma(key, a, x=None):
     "lab notes from inference/"), and the Gibbs and VB-EM kernels compile it once per data shape.
     ``key``: a key, or its split ``gamma_keys(key)`` where the caller has it; ``x``: the proposals' standard
     normals where the caller draws them with others (``normals``): those of ``jax.random.normal(gamma_keys(key)[0],
-    (GAMMA_TRIALS, *a.shape))`` (``gamma_normals``)."""
+    (GAMMA_TRIALS, *a.shape))`` (``gamma_normals``). The kernels' sweeps use ``log_gamma_from_uniforms`` (the same
+    law from one block of uniforms, no erf_inv)."""
     k_x, k_u, k_boost = key if isinstance(key, tuple) else gamma_keys(key)
-    b = a + 1.0
-    d = b - 1.0 / 3.0
-    c = 1.0 / jnp.sqrt(9.0 * d)
     if x is None:
         x = jax.random.normal(k_x, (GAMMA_TRIALS, *jnp.shape(a)))
     u = jax.random.uniform(k_u, (GAMMA_TRIALS, *jnp.shape(a)), minval=jnp.finfo(jnp.float64).tiny)
-    v = (1.0 + c * x) ** 3
-    vpos = jnp.where(v > 0, v, 1.0)
-    accept = (v > 0) & (jnp.log(u) < 0.5 * x**2 + d - d * vpos + d * jnp.log(vpos))
-    first = jnp.argmax(accept.at[-1].set(True), axis=0)
-    log_g = jnp.log(d) + jnp.log(jnp.take_along_axis(vpos, first[None], axis=0)[0])
     u_b = jax.random.uniform(k_boost, jnp.shape(a), minval=jnp.finfo(jnp.float64).tiny)
-    return log_g + jnp.log(u_b) / a
+    return _log_gamma_mt(a, x, u, u_b)
+
+
+GAMMA_UNIFORMS = 3 * GAMMA_TRIALS + 1
+"""Uniforms ``log_gamma_from_uniforms`` reads per Gamma variate: two per proposal's normal (Box-Muller), one per
+proposal's accept test, one for the boost."""
+
+
+def open_uniforms(key, shape):
+    """Uniforms on (0, 1) (``jax.random.uniform`` from the smallest normal float: every log is finite)."""
+    return jax.random.uniform(key, shape, minval=jnp.finfo(jnp.float64).tiny)
+
+
+def log_gamma_from_uniforms(u, a):
+    """log of Gamma(a, 1) draws (any shape ``a`` > 0) from ``u`` (GAMMA_UNIFORMS, *a.shape), independent
+    uniforms on (0, 1): ``sample_log_gamma``'s Marsaglia-Tsang sampler (same law) with the proposals' standard
+    normals by Box-Muller, sqrt(-2 log u1) cos(2 pi u2) (exact: a standard normal for independent uniform u1,
+    u2), so a kernel draws every random number of a step in one call and compiles no erf_inv (~150 HLO
+    instructions) and no random-bits function per draw (benchmarks/results.md, "hlcr_gibbs_sweep")."""
+    T = GAMMA_TRIALS
+    return _log_gamma_mt(a, box_muller(u[:T], u[T:2 * T]), u[2 * T:3 * T], u[3 * T])
+
+
+def box_muller(u1, u2):
+    """Standard normals sqrt(-2 log u1) cos(2 pi u2) of independent uniforms on (0, 1) (Box & Muller 1958)."""
+    return jnp.sqrt(-2.0 * jnp.log(u1)) * jnp.cos(2.0 * jnp.pi * u2)
+
+
+def log_dirichlet_from_uniforms(u, conc):
+    """log of a Dirichlet(conc) draw along the last axis from ``u`` (GAMMA_UNIFORMS, *conc.shape) uniforms on
+    (0, 1) (``log_gamma_from_uniforms``), floored at log(tiny) as ``sample_log_dirichlet``."""
+    lg = log_gamma_from_uniforms(u, conc)
+    return jnp.maximum(lg - jax.nn.logsumexp(lg, axis=-1, keepdims=True), TINY_LOG)
 
 
 def gamma_keys(key) -> tuple:
@@ -240,13 +280,89 @@ def sample_log_dirichlet(key, conc, x=None):
     return jnp.maximum(lg - jax.nn.logsumexp(lg, axis=-1, keepdims=True), TINY_LOG)
 
 
-def antoniak_table_totals(key, z, agent, log_psi, beta, K, n_agents, real=None):
+def step_uniforms(key, n_fixed: int, n_pairs: int, per_pair: int):
+    """Every uniform a sweep reads, from one call (``open_uniforms``: one random-bits function in the program, not
+    one per draw): ``n_fixed`` first (those of draws whose shapes do not depend on the pairs: psi, w, theta), then
+    ``per_pair`` for each pair, so pair e's uniforms (entries n_fixed + e * per_pair + j) do not depend on the
+    number of pairs (padding). Returns ((n_fixed,), (n_pairs, per_pair))."""
+    u = open_uniforms(key, (n_fixed + n_pairs * per_pair,))
+    return u[:n_fixed], u[n_fixed:].reshape(n_pairs, per_pair)
+
+
+def gumbel_from_uniforms(u):
+    """Standard Gumbel variates -log(-log u) of uniforms on (0, 1) (``jax.random.gumbel``'s construction)."""
+    return -jnp.log(-jnp.log(u))
+
+
+def host_uniform_labels(words, n: int, K: int) -> np.ndarray:
+    """``jax.random.randint(key, (n,), 0, K)`` (int64, JAX's default partitionable threefry-2x32) in NumPy, bit for
+    bit, for the key data ``words`` (..., 2): shape (..., n). JAX's recipe: two keys ``split(key)``, 64 random bits
+    per entry from each (``host_draws.threefry_normal``'s bits), offset = ((hi mod K) (2^64 mod K) + lo mod K) mod
+    K. Entry e does not depend on n."""
+    from inference.host_draws import threefry_split
+    from inference.host_keys import threefry2x32
+
+    words = np.asarray(words, np.uint32)
+    halves = threefry_split(words)                                        # (..., 2, 2)
+    index = np.arange(n, dtype=np.uint64)
+    hi_c, lo_c = (index >> np.uint64(32)).astype(np.uint32), (index & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+
+    def bits(k):
+        hi, lo = threefry2x32(k[..., 0, None], k[..., 1, None], hi_c, lo_c)
+        return (hi.astype(np.uint64) << np.uint64(32)) | lo.astype(np.uint64)
+
+    span = np.uint64(K)
+    multiplier = np.uint64((2**32 % K) ** 2 % K)
+    with np.errstate(over="ignore"):
+        return (((bits(halves[..., 0, :]) % span) * multiplier + bits(halves[..., 1, :]) % span) % span).astype(
+            np.int64)
+
+
+def host_log_normaliser(A, b):
+    """``log_normaliser`` in NumPy: 1/2 b^T A^-1 b - 1/2 log|A| for a batch of SPD ``A`` (..., F, F)."""
+    L = np.linalg.cholesky(A)
+    v = np.linalg.solve(L, b[..., None])[..., 0]
+    return 0.5 * np.sum(v**2, -1) - np.sum(np.log(np.diagonal(L, axis1=-2, axis2=-1)), -1)
+
+
+def host_label_statistics(z, Gs, gs, agent, K: int, n_agents: int, delta: float):
+    """Per-cluster statistics of labels ``z`` (..., E) in NumPy (a label K, a padded pair's, is not counted): D
+    (..., K, F, F) including I/delta^2, c (..., K, F), agent counts N_i^(k) (..., n_agents, K)."""
+    z = np.asarray(z)
+    onehot = (z[..., None] == np.arange(K)).astype(float)                 # (..., E, K); label K: all zero
+    F = np.shape(gs)[-1]
+    D = np.einsum("...ek,eij->...kij", onehot, np.asarray(Gs, float)) + np.eye(F) / delta**2
+    c = np.einsum("...ek,ei->...ki", onehot, np.asarray(gs, float))
+    flat = z.reshape(-1, z.shape[-1])
+    n_agent = np.zeros((flat.shape[0], n_agents, K))
+    rows, pairs = np.nonzero(flat < K)
+    np.add.at(n_agent, (rows, np.asarray(agent)[pairs], flat[rows, pairs]), 1.0)
+    return D, c, n_agent.reshape(*z.shape[:-1], n_agents, K)
+
+
+def host_table_totals(rng: np.random.Generator, z, agent, log_psi, beta, K: int, n_agents: int):
+    """``antoniak_table_totals`` in NumPy for labels ``z`` (E,) (label K: a padded pair, in no group and no
+    count), one ``rng`` uniform per pair with a label below K, in pair order. Returns m (K,)."""
+    z, agent = np.asarray(z), np.asarray(agent)
+    pairs = np.flatnonzero(z < K)
+    group = agent[pairs] * K + z[pairs]
+    order = np.argsort(group, kind="stable")
+    g_sorted = group[order]
+    rank = np.empty(len(pairs), np.int64)
+    rank[order] = np.arange(len(pairs)) - np.searchsorted(g_sorted, g_sorted, side="left")
+    bp = beta * np.exp(np.asarray(log_psi)[z[pairs]])
+    new = rng.random(len(pairs)) < bp / (bp + rank)
+    return np.bincount(z[pairs][new], minlength=K)[:K].astype(float)
+
+
+def antoniak_table_totals(key, z, agent, log_psi, beta, K, n_agents, real=None, u=None):
     """Sum over agents of auxiliary table counts m_ik (notes P1), one Bernoulli per pair:
 
     within each (agent, label) group the pairs are taken in index order; the l-th (l = 0, 1, ...) opens a
     new table with probability beta psi_k / (beta psi_k + l). Returns m_k = sum_i m_ik (K,). Memory O(E).
     ``real`` (E,) bool: padded pairs (False) form a group of their own past every real one and have label K,
-    which no count holds; pair e's uniform draw does not depend on the padding."""
+    which no count holds; pair e's uniform draw does not depend on the padding. ``u``: the pairs' uniforms (E,)
+    where the caller draws them with others (``key`` unused)."""
     E = z.shape[0]
     group = agent * K + z
     if real is not None:
@@ -257,7 +373,7 @@ def antoniak_table_totals(key, z, agent, log_psi, beta, K, n_agents, real=None):
     rank = jnp.zeros(E, dtype=jnp.int32).at[order].set((jnp.arange(E) - starts).astype(jnp.int32))
     bp = beta * jnp.exp(log_psi[z])
     p_new = bp / (bp + rank)
-    new = jax.random.uniform(key, (E,)) < p_new
+    new = (jax.random.uniform(key, (E,)) if u is None else u) < p_new
     return jax.ops.segment_sum(new.astype(jnp.float64), z, num_segments=K)
 
 
@@ -396,6 +512,18 @@ def draw_conditionals(key, D, c, n_agent, log_psi, beta, drawn=None):
     mean = jax.scipy.linalg.cho_solve((L, True), c[..., None])[..., 0]
     w = mean + jax.scipy.linalg.solve_triangular(jnp.swapaxes(L, -1, -2), eps[..., None], lower=False)[..., 0]
     return w, jnp.exp(log_theta)
+
+
+def conditionals_from_uniforms(u_w, u_theta, D, c, n_agent, log_psi, beta):
+    """``draw_conditionals`` (the same conditionals) from uniforms on (0, 1): ``u_w`` (2, K, F) for w's standard
+    normals (``box_muller``), ``u_theta`` (GAMMA_UNIFORMS, N, K) for theta's Gamma variates
+    (``log_dirichlet_from_uniforms``). Returns w (K, F) and log theta (N, K), floored at log(tiny)."""
+    log_theta = log_dirichlet_from_uniforms(u_theta, beta * jnp.exp(log_psi) + n_agent)
+    L = jnp.linalg.cholesky(D)
+    mean = jax.scipy.linalg.cho_solve((L, True), c[..., None])[..., 0]
+    eps = box_muller(u_w[0], u_w[1])
+    w = mean + jax.scipy.linalg.solve_triangular(jnp.swapaxes(L, -1, -2), eps[..., None], lower=False)[..., 0]
+    return w, log_theta
 
 
 def host_conditionals(rng: np.random.Generator, D, c, n_agent, log_psi, beta):

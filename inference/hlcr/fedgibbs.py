@@ -44,7 +44,13 @@ the highest final log joint is kept.
 
 Initialisation (round 0): every agent draws z ~ U{1..K} (or takes ``z_init``) and uploads its sums; the server
 takes their sum as is (Algorithm 3's "t == 1" branch; its own first round against H = delta^2 I is a draw
-from the prior, i.e. a random initialisation too).
+from the prior, i.e. a random initialisation too) and keeps psi uniform: ``init_server`` hands the round-0
+``aggregate`` its t = -1 as a host constant, so that round compiles no psi draw.
+
+Random numbers: an agent's round reads one block of uniforms laid out as ``gibbs.sweep``'s (each pair's Gumbel noise
+and table draw; ``common.step_uniforms``), the server's psi draw one block of its own
+(``common.log_dirichlet_from_uniforms``): no erf_inv and one random-bits function per draw site in the compiled
+rounds (benchmarks/results.md, "hlcr_gibbs_sweep").
 """
 
 
@@ -63,11 +69,15 @@ from inference._methods import Draws, FitContext, Option, register_method
 from inference.distributed.audit import audited, message_spec
 from inference.distributed.protocol import Protocol
 from inference.hlcr.common import (
+    GAMMA_UNIFORMS,
     TINY_LOG,
+    gumbel_from_uniforms,
+    log_dirichlet_from_uniforms,
     log_normaliser,
     log_prior_labels,
+    open_uniforms,
     prior_logits,
-    sample_log_dirichlet,
+    step_uniforms,
 )
 from inference.hlcr.federated import (
     OPTIONS,
@@ -147,17 +157,18 @@ def _upload(z, shard: Shard, K: int, m, key=None, scale=None):
     return {"D": D, "c": c, "n": n, "m": m}
 
 
-def table_counts(key, z, mask, log_psi, beta, K):
+def table_counts(key, z, mask, log_psi, beta, K, u=None):
     """Antoniak table counts m_k of one agent (notes P1; as ``common.antoniak_table_totals`` for one
     agent, same random numbers, with padding excluded): the l-th pair (l = 0, 1, ...) of label k opens a
-    table with probability beta psi_k / (beta psi_k + l)."""
+    table with probability beta psi_k / (beta psi_k + l). ``u``: the pairs' uniforms (P,) where the caller draws
+    them with others (``key`` unused)."""
     P = z.shape[0]
     order = jnp.argsort(z, stable=True)
     z_sorted = z[order]
     starts = jnp.searchsorted(z_sorted, z_sorted, side="left")
     rank = jnp.zeros(P, dtype=jnp.int32).at[order].set((jnp.arange(P) - starts).astype(jnp.int32))
     bp = beta * jnp.exp(log_psi[z])
-    new = (jax.random.uniform(key, (P,)) < bp / (bp + rank)) & mask
+    new = ((jax.random.uniform(key, (P,)) if u is None else u) < bp / (bp + rank)) & mask
     return jax.ops.segment_sum(new.astype(jnp.float64), z, num_segments=K)
 
 
@@ -213,7 +224,7 @@ def make_protocol(cfg: Config, server_key: jax.Array | None = None) -> Protocol:
     noisy = cfg.dp_noise_scale > 0
 
     def init(shard: Shard, key):
-        k_z, k_noise = jax.random.split(key)
+        k_z, k_noise = jax.random.split(key) if noisy else (key, None)
         P = shard.mask.shape[0]
         z = jnp.where(shard.z0 >= 0, shard.z0, jax.random.randint(k_z, (P,), 0, K)).astype(jnp.int32)
         dp = jnp.asarray(cfg.dp_noise_scale, jnp.float64)
@@ -222,11 +233,13 @@ def make_protocol(cfg: Config, server_key: jax.Array | None = None) -> Protocol:
         return st, msg
 
     def local_step(st: AgentState, shard: Shard, inbox, key):
-        # the same key split as gibbs.sweep (gumbel, tables, psi), so one agent reproduces it exactly;
-        # the third key (the server draws psi) perturbs the upload when dp_noise_scale > 0
-        k_gumbel, k_tables, k_noise = jax.random.split(key, 3)
+        # the uniforms laid out as gibbs.sweep's (psi's first, here unused: the server draws psi; then each pair's
+        # Gumbel noise and table draw), so one agent reproduces it exactly; with dp_noise_scale > 0 a second key
+        # perturbs the upload
+        k_u, k_noise = jax.random.split(key) if noisy else (key, None)
         P = shard.mask.shape[0]
-        gumbel = jax.random.gumbel(k_gumbel, (P, K))
+        _, u_pair = step_uniforms(k_u, GAMMA_UNIFORMS * K, P, K + 1)
+        gumbel = gumbel_from_uniforms(u_pair[:, :K])
         D, c, n, g = inbox["D"], inbox["c"], inbox["n"], inbox["gamma"]
         w = jnp.linalg.solve(D, c[..., None])[..., 0]             # broadcast cluster means (Theorem 2)
         decay = (1.0 - g) ** (inbox["t"] - st.t_own)   # own upload's weight now, relative to when it entered
@@ -237,7 +250,7 @@ def make_protocol(cfg: Config, server_key: jax.Array | None = None) -> Protocol:
             n = n - decay * st.own_n + mine["n"]
         logZ = log_normaliser(D, c)
         z, n_changed = local_sweep(st.z, shard, D, c, logZ, n, inbox["log_psi"], gumbel, cfg)
-        m = table_counts(k_tables, z, shard.mask, inbox["log_psi"], cfg.beta, K)
+        m = table_counts(None, z, shard.mask, inbox["log_psi"], cfg.beta, K, u=u_pair[:, K])
         msg = _upload(z, shard, K, m, k_noise, st.dp if noisy else None)
         own = [(1.0 - g) * decay * o + g * msg[k] for o, k in ((st.own_D, "D"), (st.own_c, "c"), (st.own_n, "n"))]
         W = w[z]                                                   # (P, F) held-out evaluation, local
@@ -246,8 +259,9 @@ def make_protocol(cfg: Config, server_key: jax.Array | None = None) -> Protocol:
 
     def init_server(messages, active):
         gamma = jnp.nan if cfg.gamma is None else cfg.gamma   # None: the run sets it (``set_rate``)
+        # t = -1 as a host constant: the round-0 aggregate that follows knows it is the first (``aggregate``)
         return ServerState(jnp.zeros((K, F, F)), jnp.zeros((K, F)), jnp.zeros(K), jnp.zeros(K),
-                           jnp.full(K, -jnp.log(K)), -jnp.ones((), i32), jnp.asarray(gamma, jnp.float64),
+                           jnp.full(K, -jnp.log(K)), np.asarray(-1, np.int32), jnp.asarray(gamma, jnp.float64),
                            jax.random.key(0) if server_key is None else server_key)
 
     def aggregate(server: ServerState, messages, active):
@@ -264,8 +278,12 @@ def make_protocol(cfg: Config, server_key: jax.Array | None = None) -> Protocol:
         n = (1 - rate) * server.n + rate * S["n"]
         m = (1 - rate) * server.m + rate * S["m"]
         t = jnp.where(first | any_active, server.t + 1, server.t).astype(i32)
-        drawn = sample_log_dirichlet(jax.random.fold_in(server.key, t), cfg.alpha / K + m)
-        log_psi = jnp.where(first, server.log_psi, jnp.where(any_active, drawn, server.log_psi))
+        if isinstance(server.t, np.ndarray):   # init_server's state: the initialisation round keeps psi, no draw
+            log_psi = server.log_psi
+        else:
+            u = open_uniforms(jax.random.fold_in(server.key, t), (GAMMA_UNIFORMS, K))
+            drawn = log_dirichlet_from_uniforms(u, cfg.alpha / K + m)
+            log_psi = jnp.where(first, server.log_psi, jnp.where(any_active, drawn, server.log_psi))
         server = ServerState(D, c, n, m, log_psi, t, server.gamma, server.key)
         J = active.shape[0]
         bcast = {"D": prior_prec + D, "c": c, "n": n, "log_psi": log_psi, "t": t, "gamma": server.gamma}

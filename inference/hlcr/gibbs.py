@@ -27,12 +27,18 @@ One sweep (``step``):
 3. psi update (both priors; with ``"paper"`` psi is only reported): Antoniak table counts
    m_ik ~ sum_l Bernoulli(beta psi_k / (beta psi_k + l)), then psi ~ Dir(alpha/K + sum_i m_ik), in log space.
 
+A sweep's random numbers are one block of uniforms (``common.step_uniforms``): psi's Gamma variates
+(``common.log_dirichlet_from_uniforms``: Marsaglia-Tsang with Box-Muller normals), then each pair's Gumbel noise
+(-log(-log u)) and table draw. One random-bits function and no erf_inv in the compiled sweep (each draw of its own
+added one; the psi draw alone was a quarter of the program: benchmarks/results.md, "hlcr_gibbs_sweep").
+
 Kernel shape (``inference.loop``): ``kernel(hyper, prior, kernel_name)`` (cached per static configuration)
 gives ``init(key, problem) -> State`` (z ~ U{1..K}, Algorithm 2's initialisation), ``step(key, state, problem)
 -> (State, Info)`` (one sweep; ``Info.objective`` is the collapsed log joint) and ``collect`` (what each kept
 sweep keeps: the labels, psi, the statistics (D, c, N_i^(k)) and the stats); ``problem`` is a ``Problem`` (pair
 statistics, and the events for ``kernel="paper"``). Chains, warm-up and thinning are
-``inference.loop.sample_chains``'s.
+``inference.loop.sample_chains``'s. ``run`` starts the chains from the state ``init`` would give, built in NumPy
+on the host (``first_labels``: the same labels bit for bit; ``host_state``), so the chains' program holds no start.
 
 ``kernel="paper"`` replaces step 1's block update by the paper's per-event rank-one Algorithm 1/2 on
 H_k = D_k^-1: remove the pair's events from its cluster by eq. (9), evaluate the sequential predictive for
@@ -63,22 +69,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inference import host_keys, programs
+from inference import host_draws, host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.hlcr.common import (
+    GAMMA_UNIFORMS,
     Hyper,
     PairData,
     SamplerKernel,
     antoniak_table_totals,
     cluster_state,
     collapsed_log_joint,
+    gumbel_from_uniforms,
     host_conditionals,
+    host_label_statistics,
+    host_log_normaliser,
+    host_uniform_labels,
+    log_dirichlet_from_uniforms,
     log_normaliser,
     make_hyper,
     pair_data,
     prior_logits,
     run_label_chains,
-    sample_log_dirichlet,
+    step_uniforms,
 )
 from zoo.hlcr import pair_structure
 
@@ -217,9 +229,11 @@ def sweep(key, state: State, problem: Problem, hyper: Hyper, prior: str = "exact
     """One systematic-scan sweep over all pairs, then the psi update. Returns ``(state, Info)``. ``state``'s
     (D, c, logZ) must be the exact sums of its labels (``state_from_labels``; every sweep returns them so)."""
     pdat, events, real = problem
-    k_gumbel, k_tables, k_psi = jax.random.split(key, 3)
-    E = state.z.shape[0]
-    gumbel = jax.random.gumbel(k_gumbel, (E, hyper.K))
+    E, K = state.z.shape[0], hyper.K
+    # every uniform of the sweep in one call: psi's (fixed size) first, then K + 1 per pair (its Gumbel noise and its
+    # table draw), so pair e's do not depend on the padding
+    u_psi, u_pair = step_uniforms(key, GAMMA_UNIFORMS * K, E, K + 1)
+    gumbel = gumbel_from_uniforms(u_pair[:, :K])
     xs = (pdat.Gs, pdat.gs, pdat.const, pdat.agent, gumbel, jnp.arange(E))
     guard = (lambda f: f) if real is None else _keep_padded
     xs = xs if real is None else (*xs, real)
@@ -231,9 +245,9 @@ def sweep(key, state: State, problem: Problem, hyper: Hyper, prior: str = "exact
     # exact sums of the new labels (the block updates' D carries the rounding of E additions and removals; the
     # rank-one updates carry H_k = D_k^-1, not D_k), so the draws (collect) pair a current D_k with c_k
     D, c, logZ = cluster_state(pdat.Gs, pdat.gs, state.z, hyper.K, hyper.delta)
-    m = antoniak_table_totals(k_tables, state.z, pdat.agent, state.log_psi, hyper.beta, hyper.K, hyper.n_agents,
-                              real)
-    log_psi = sample_log_dirichlet(k_psi, hyper.alpha / hyper.K + m)
+    m = antoniak_table_totals(None, state.z, pdat.agent, state.log_psi, hyper.beta, K, hyper.n_agents, real,
+                              u=u_pair[:, K])
+    log_psi = log_dirichlet_from_uniforms(u_psi.reshape(GAMMA_UNIFORMS, K), hyper.alpha / K + m)
     state = state._replace(D=D, c=c, logZ=logZ, log_psi=log_psi)
     return state, Info(log_joint(state, pdat, hyper, real, exact=True), jnp.sum(changed))
 
@@ -292,12 +306,8 @@ def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: in
     k = kernel(hyper, prior, kernel_name)
     E = problem.pdat.gs.shape[0]
     problem = padded(problem)
-    init_state = None
-    if z_init is not None:
-        z0 = np.full(problem.pdat.gs.shape[0], hyper.K, np.int32)
-        z0[:E] = np.asarray(z_init)
-        z0 = jnp.broadcast_to(jnp.asarray(z0), (num_chains, z0.shape[0]))
-        init_state = jax.vmap(lambda z: state_from_labels(z, problem.pdat, hyper))(z0)
+    z0 = first_labels(key, problem, hyper, num_chains, z_init, E)
+    init_state = None if z0 is None else host_state(z0, problem.pdat, hyper)
     posterior, stats, state = run_label_chains(
         k, problem, key, num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains, thinning=thinning,
         init_state=init_state, progress=progress, chunk=chunk, desc="hlcr gibbs")
@@ -306,6 +316,31 @@ def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: in
                                  hyper.beta)
     return ({"z": posterior["z"][..., :E], "w": w, "psi": np.exp(posterior["log_psi"]), "theta": theta}, stats,
             state)
+
+
+def first_labels(key, problem: Problem, hyper: Hyper, num_chains: int, z_init=None, n_real: int | None = None):
+    """Every chain's first labels (num_chains, E) in NumPy: ``z_init`` (the first ``n_real`` pairs) for every
+    chain, else the kernel's ``init`` draw z ~ U{1..K} bit for bit (``common.host_uniform_labels`` with the keys
+    ``inference.loop.sample_chains`` gives the chains' inits); padded pairs get the label K. None where the keys
+    are not JAX's default threefry (the chains' program then draws them itself)."""
+    real = np.ones(problem.pdat.gs.shape[0], bool) if problem.real is None else np.asarray(problem.real)
+    if z_init is not None:
+        z0 = np.full(len(real), hyper.K, np.int32)
+        z0[:n_real] = np.asarray(z_init)
+        return np.broadcast_to(z0, (num_chains, len(real)))
+    if not host_draws.threefry_native():
+        return None
+    chain_keys = host_keys.words(host_keys.split(host_keys.fold_in(key, 0), num_chains))
+    return np.where(real, host_uniform_labels(chain_keys, len(real), hyper.K), hyper.K).astype(np.int32)
+
+
+def host_state(z, pdat: PairData, hyper: Hyper) -> State:
+    """``state_from_labels`` in NumPy for labels ``z`` (..., E) (the label K, a padded pair's, counted nowhere):
+    the chains' first state, built on the host so that the chains' program holds no start of its own."""
+    D, c, n_agent = host_label_statistics(z, pdat.Gs, pdat.gs, pdat.agent, hyper.K, hyper.n_agents, hyper.delta)
+    z = np.asarray(z, np.int32)
+    return State(z, D, c, host_log_normaliser(D, c), n_agent, n_agent.sum(-2),
+                 np.full((*z.shape[:-1], hyper.K), -np.log(hyper.K)))
 
 
 def padded(problem: Problem) -> Problem:

@@ -21,7 +21,13 @@ the labels w and theta are conjugate. The chain's state is (z, w, theta, psi) an
    ``common.antoniak_table_totals`` then ``common.sample_log_dirichlet``): table counts
    m_ik ~ sum_l Bernoulli(beta psi_k / (beta psi_k + l)), psi ~ Dir(alpha/K + sum_i m_ik).
 4. w_k ~ N(D_k^-1 c_k, D_k^-1) (batched Cholesky) and theta_i ~ Dir(beta psi + N_i) given the new psi
-   (``common.draw_conditionals``, the conditionals the collapsed kernel's kept sweeps draw on the host).
+   (``common.conditionals_from_uniforms``, the conditionals the collapsed kernel's kept sweeps draw on the host).
+
+A sweep's random numbers are one block of uniforms (``sweep_uniforms``): the Gamma variates of psi and theta
+(Marsaglia-Tsang with Box-Muller normals) and w's normals (Box-Muller), then each pair's label and table draw: one
+random-bits function in the compiled sweep (benchmarks/results.md, "hlcr_gibbs_sweep"). ``run`` starts the chains
+from a state built in NumPy on the host (``host_start``: the labels of ``init`` bit for bit, then (psi, w, theta)
+given them from their conditionals), so the chains' program holds no start (a second copy of steps 2-4).
 
 Steps 3-4 are one block update of (psi, theta, w) given z: psi moves by a kernel that leaves p(psi | z, y)
 invariant and theta, w are then drawn fresh from p(theta | psi, z) and p(w | z, y), so the sweep leaves the
@@ -55,24 +61,33 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inference import host_keys, programs
+from inference import host_draws, host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.hlcr.common import (
+    GAMMA_UNIFORMS,
+    TINY_LOG,
     Hyper,
     SamplerKernel,
     antoniak_table_totals,
     collapsed_log_joint,
     conditional_keys,
     conditional_normals,
+    conditionals_from_uniforms,
     draw_conditionals,
     gamma_keys,
     gamma_normals,
+    host_conditionals,
+    host_label_statistics,
+    host_table_totals,
+    host_uniform_labels,
+    log_dirichlet_from_uniforms,
     make_hyper,
     normals,
     pair_data,
     prior_precision,
     run_label_chains,
     sample_log_dirichlet,
+    step_uniforms,
 )
 
 
@@ -126,12 +141,15 @@ def label_coefficients(w):
     return jnp.concatenate([quad, w, jnp.zeros((K, 1))], axis=1).T
 
 
-def draw_labels(key, w, log_theta, problem: Problem):
-    """z_e ~ p(z_e | w, theta, y_e) for every pair at once (step 1; inverse CDF, one uniform per pair)."""
+def draw_labels(key, w, log_theta, problem: Problem, u=None):
+    """z_e ~ p(z_e | w, theta, y_e) for every pair at once (step 1; inverse CDF, one uniform per pair; ``u``: the
+    pairs' uniforms on (0, 1) where the caller draws them with others, ``key`` unused)."""
     logits = problem.stats @ label_coefficients(w) + log_theta[problem.agent]     # (E, K); const_e cancels
     p = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
     cdf = jnp.cumsum(p, axis=-1)
-    u = jax.random.uniform(key, cdf.shape[:1], minval=jnp.finfo(cdf.dtype).tiny) * cdf[:, -1]
+    if u is None:
+        u = jax.random.uniform(key, cdf.shape[:1], minval=jnp.finfo(cdf.dtype).tiny)
+    u = u * cdf[:, -1]
     z = jnp.minimum(jnp.sum(cdf < u[:, None], axis=-1), w.shape[0] - 1).astype(jnp.int32)
     return _padded_label(z, problem, w.shape[0])
 
@@ -167,6 +185,31 @@ def parameters_given_labels(key, z, log_psi, problem: Problem, hyper: Hyper):
     return log_psi, w, jnp.log(theta), (D, c, n_agent)
 
 
+def sweep_uniforms(key, problem: Problem, hyper: Hyper):
+    """Every uniform of one sweep from one call (``common.step_uniforms``): psi's Gamma variates (GAMMA_UNIFORMS, K),
+    theta's (GAMMA_UNIFORMS, N, K) and w's normals (2, K, F) first, then two per pair (its label, its table draw),
+    so pair e's do not depend on the padding."""
+    K, N, F = hyper.K, hyper.n_agents, n_features(problem)
+    shapes = ((GAMMA_UNIFORMS, K), (GAMMA_UNIFORMS, N, K), (2, K, F))
+    sizes = [int(np.prod(s)) for s in shapes]
+    fixed, pair = step_uniforms(key, sum(sizes), problem.const.shape[0], 2)
+    ends = np.cumsum(sizes)
+    parts = [fixed[end - size:end].reshape(shape) for shape, size, end in zip(shapes, sizes, ends, strict=True)]
+    return (*parts, pair)
+
+
+def params_from_uniforms(u_psi, u_theta, u_w, u_tables, z, log_psi, problem: Problem, hyper: Hyper):
+    """Steps 2-4 from the sweep's uniforms (``sweep_uniforms``): the labels' statistics, psi by the table counts,
+    then w and theta given the labels and the new psi (``common.conditionals_from_uniforms``). Returns the new log
+    psi, w, log theta and (D, c, counts)."""
+    D, c, n_agent = label_statistics(z, problem, hyper)
+    m = antoniak_table_totals(None, z, problem.agent, log_psi, hyper.beta, hyper.K, hyper.n_agents, problem.real,
+                              u=u_tables)
+    log_psi = log_dirichlet_from_uniforms(u_psi, hyper.alpha / hyper.K + m)
+    w, log_theta = conditionals_from_uniforms(u_w, u_theta, D, c, n_agent, log_psi, hyper.beta)
+    return log_psi, w, log_theta, (D, c, n_agent)
+
+
 def state_from_labels(key, z, problem: Problem, hyper: Hyper) -> State:
     """A state for labels ``z``: psi uniform, then (psi, w, theta) drawn given z (steps 2-4)."""
     log_psi, w, log_theta, _ = parameters_given_labels(key, z, jnp.full(hyper.K, -jnp.log(hyper.K)), problem,
@@ -176,9 +219,10 @@ def state_from_labels(key, z, problem: Problem, hyper: Hyper) -> State:
 
 def sweep(key, state: State, problem: Problem, hyper: Hyper):
     """One blocked sweep: labels given (w, theta), then (psi, w, theta) given the labels. ``(State, Info)``."""
-    k_labels, k_params = jax.random.split(key)
-    z = draw_labels(k_labels, state.w, state.log_theta, problem)
-    log_psi, w, log_theta, (D, c, n_agent) = parameters_given_labels(k_params, z, state.log_psi, problem, hyper)
+    u_psi, u_theta, u_w, u_pair = sweep_uniforms(key, problem, hyper)
+    z = draw_labels(None, state.w, state.log_theta, problem, u=u_pair[:, 0])
+    log_psi, w, log_theta, (D, c, n_agent) = params_from_uniforms(u_psi, u_theta, u_w, u_pair[:, 1], z,
+                                                                  state.log_psi, problem, hyper)
     const = problem.const if problem.real is None else jnp.where(problem.real, problem.const, 0.0)
     objective = collapsed_log_joint(D, c, jnp.sum(const), n_agent, log_psi, hyper)
     return State(z, w, log_theta, log_psi), Info(objective, jnp.sum(z != state.z))
@@ -221,17 +265,55 @@ def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: in
     stats, const, agent, mask = programs.pad_rows(problem.stats, problem.const, problem.agent)
     k = kernel(hyper)._replace(chains="map" if len(mask) <= CHAINS_MAP_MAX_PAIRS else "vmap")
     problem = Problem(stats, const, agent, mask > 0)
-    init_state = None
-    if z_init is not None:
-        z0 = np.full(len(mask), hyper.K, np.int32)
-        z0[:E] = np.asarray(z_init)
-        z0 = np.broadcast_to(z0, (num_chains, len(mask)))
-        init_state = jax.jit(jax.vmap(lambda kk, z: state_from_labels(kk, z, problem, hyper)))(
-            host_keys.split(k_init, num_chains), z0)
+    init_state = host_start(k_init, k_run, problem, hyper, num_chains, z_init)
     posterior, stats, state = run_label_chains(
         k, problem, k_run, num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains, thinning=thinning,
         init_state=init_state, progress=progress, chunk=chunk, desc="hlcr gibbs_blocked")
     return {**posterior, "z": posterior["z"][..., :E]}, stats, state
+
+
+def host_start(k_init, k_run, problem: Problem, hyper: Hyper, num_chains: int, z_init=None):
+    """Every chain's first state (leading chain axis), in NumPy on the host, so that the chains' program holds no
+    start of its own: chain c's labels are ``z_init`` (the real pairs'; chain keys ``split(k_init, num_chains)``) or
+    the kernel's ``init`` draw z ~ U{1..K} bit for bit (``common.host_uniform_labels``, chain keys those
+    ``inference.loop.sample_chains`` gives the inits of the chains run from ``k_run``), padded pairs the label K;
+    then (psi, w, theta) given the labels as ``state_from_labels`` draws them (psi uniform, then the table counts,
+    psi, w and theta from their conditionals: ``common.host_table_totals``, ``host_draws.log_dirichlet_variates``,
+    ``common.host_conditionals``), from ``np.random.default_rng`` seeded by the words of the chain key's
+    ``fold_in(., 1)`` (other random numbers than the kernel's ``init``, the same law). None where the keys are not
+    JAX's default threefry and no ``z_init`` is given (the program's ``init`` then starts the chains)."""
+    real = np.asarray(problem.real)
+    E = len(real)
+    if z_init is None and not host_draws.threefry_native():
+        return None
+    chain_keys = host_keys.split(k_init if z_init is not None else host_keys.fold_in(k_run, 0), num_chains)
+    words = host_keys.words(chain_keys)
+    if z_init is None:
+        z0 = host_uniform_labels(host_draws.threefry_split(words)[:, 0], E, hyper.K)
+    else:
+        z0 = np.zeros((num_chains, E), np.int64)
+        z0[:, :int(real.sum())] = np.asarray(z_init)
+    z0 = np.where(real, z0, hyper.K).astype(np.int32)
+    F = n_features(problem)
+    iu = np.triu_indices(F)
+    P = len(iu[0])
+    stats = np.asarray(problem.stats)
+    Gs = np.zeros((E, F, F))
+    Gs[:, iu[0], iu[1]] = stats[:, :P]
+    Gs[:, iu[1], iu[0]] = stats[:, :P]
+    D, c, n_agent = host_label_statistics(z0, Gs, stats[:, P:P + F], problem.agent, hyper.K, hyper.n_agents,
+                                          hyper.delta)
+    uniform = np.full(hyper.K, -np.log(hyper.K))
+    log_psi, w, log_theta = [], [], []
+    for ch in range(num_chains):
+        rng = np.random.default_rng(host_keys.words(host_keys.fold_in(host_keys.wrap(words[ch]), 1)))
+        m = host_table_totals(rng, z0[ch], problem.agent, uniform, hyper.beta, hyper.K, hyper.n_agents)
+        lp = host_draws.log_dirichlet_variates(rng, hyper.alpha / hyper.K + m, (hyper.K,), floor=TINY_LOG)
+        wc, theta = host_conditionals(rng, D[ch], c[ch], n_agent[ch], lp, hyper.beta)
+        log_psi.append(lp)
+        w.append(wc)
+        log_theta.append(np.log(theta))
+    return State(z0, np.stack(w), np.stack(log_theta), np.stack(log_psi))
 
 
 @register_method("gibbs_blocked", kind="sampler", models=("hlcr",), options={
