@@ -307,7 +307,8 @@ def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: in
     E = problem.pdat.gs.shape[0]
     problem = padded(problem)
     z0 = first_labels(key, problem, hyper, num_chains, z_init, E)
-    init_state = None if z0 is None else host_state(z0, problem.pdat, hyper)
+    # device_put: NumPy leaves would each compile a ``stage`` program in the loop's ``strongly_typed``
+    init_state = None if z0 is None else jax.device_put(host_state(z0, problem.pdat, hyper))
     posterior, stats, state = run_label_chains(
         k, problem, key, num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains, thinning=thinning,
         init_state=init_state, progress=progress, chunk=chunk, desc="hlcr gibbs")

@@ -313,7 +313,8 @@ def host_start(k_init, k_run, problem: Problem, hyper: Hyper, num_chains: int, z
         log_psi.append(lp)
         w.append(wc)
         log_theta.append(np.log(theta))
-    return State(z0, np.stack(w), np.stack(log_theta), np.stack(log_psi))
+    # device_put: NumPy leaves would each compile a ``stage`` program in the loop's ``strongly_typed``
+    return jax.device_put(State(z0, np.stack(w), np.stack(log_theta), np.stack(log_psi)))
 
 
 @register_method("gibbs_blocked", kind="sampler", models=("hlcr",), options={
