@@ -18,7 +18,7 @@ the labels w and theta are conjugate. The chain's state is (z, w, theta, psi) an
 2. the labels' sufficient statistics, one ``segment_sum`` over pairs: D_k = I/delta^2 + sum_{z_e = k} G_e/s^2,
    c_k = sum g_e / s^2, N^(k); agent counts N_i^(k).
 3. psi | z with theta integrated out, by the collapsed kernel's auxiliary-variable step (notes P1,
-   ``common.antoniak_table_totals`` then ``common.sample_log_dirichlet``): table counts
+   ``common.antoniak_table_totals`` then ``common.log_dirichlet_from_uniforms``): table counts
    m_ik ~ sum_l Bernoulli(beta psi_k / (beta psi_k + l)), psi ~ Dir(alpha/K + sum_i m_ik).
 4. w_k ~ N(D_k^-1 c_k, D_k^-1) (batched Cholesky) and theta_i ~ Dir(beta psi + N_i) given the new psi
    (``common.conditionals_from_uniforms``, the conditionals the collapsed kernel's kept sweeps draw on the host).
