@@ -102,6 +102,10 @@ def strongly_typed(tree):
     carry")."""
 
     def strong(a):
+        if isinstance(a, np.ndarray | np.generic):
+            return a   # host arrays are strongly typed; jnp.asarray would compile a program per shape to copy them
+        if isinstance(a, bool | int | float | complex):
+            return np.asarray(a, jax.dtypes.canonicalize_dtype(jnp.result_type(a)))
         if jax.dtypes.issubdtype(jnp.result_type(a), jax.dtypes.extended):
             return a
         a = jnp.asarray(a)

@@ -38,19 +38,19 @@ def tiny_options(model: str, method: str) -> dict:
 # (``python -m benchmarks.bench_compile counts . tiny``; benchmarks/results.md, "compile counts (issue 28)"). Inside
 # the suite a fit may find programs that earlier tests built, so it builds at most this many. Issue 28's targets: a
 # hand-written kernel at most 3 programs and no eager operation, NUTS and SVI at most 6. Each bound is the measured
-# count (lower than the target where the pair does better); bpca/badmm: the run (its start derived inside it), the
-# consensus ELBO and the densities.
+# count (lower than the target where the pair does better); bpca/badmm: the run (its start derived inside it) and
+# the densities (the consensus ELBO is computed on the host).
 XLA_PROGRAMS: dict[tuple[str, str], int] = {
     ("bpca", "nuts"): 3,
     ("bpca", "svi"): 3,
     ("bpca", "vbem"): 2,
-    ("bpca", "badmm"): 3,
+    ("bpca", "badmm"): 2,
     ("bpca", "dppca"): 2,
     ("gp_alps", "nuts"): 2,
     ("gp_alps", "svi"): 3,
     ("gp_alps", "vbem"): 2,
     ("gp_alps", "gibbs"): 2,
-    ("gp_alps", "svi_concrete"): 3,
+    ("gp_alps", "svi_concrete"): 2,
     ("hlcr", "nuts"): 2,
     ("hlcr", "svi"): 3,
     ("hlcr", "gibbs"): 2,
