@@ -511,3 +511,24 @@ def test_the_chains_first_state_built_on_the_host_is_the_kernels_init():
     for name in ("D", "c", "logZ", "n_agent", "n_cluster", "log_psi"):
         np.testing.assert_allclose(getattr(host, name), np.asarray(getattr(want, name)), rtol=1e-12, atol=1e-12,
                                    err_msg=name)
+
+
+def test_the_log_joint_computed_on_the_host_equals_the_programs():
+    """``gibbs.run`` computes each kept sweep's collapsed log joint on the host from the statistics it keeps
+    (``common.host_collapsed_log_joint``, SciPy's gammaln): equal to the program's ``collapsed_log_joint`` on a batch
+    of states (1e-12 relative: lgamma's last bits and the sums' order)."""
+    import jax
+
+    from inference.hlcr.common import Hyper, collapsed_log_joint, host_collapsed_log_joint
+
+    rng = np.random.default_rng(8)
+    K, F, N = 3, 2, 4
+    hyper = Hyper(K, 1.3, 0.7, 1.5, 0.5, N)
+    A = rng.normal(size=(5, K, F, F))
+    D = np.eye(F) / hyper.delta**2 + A @ np.swapaxes(A, -1, -2)
+    c = rng.normal(size=(5, K, F))
+    n_agent = rng.integers(0, 6, (5, N, K)).astype(float)
+    log_psi = np.log(rng.dirichlet(np.ones(K), 5))
+    want = jax.vmap(lambda *a: collapsed_log_joint(*a, hyper))(D, c, np.full(5, -12.5), n_agent, log_psi)
+    got = host_collapsed_log_joint(D, c, -12.5, n_agent, log_psi, hyper)
+    np.testing.assert_allclose(got, np.asarray(want), rtol=1e-12)

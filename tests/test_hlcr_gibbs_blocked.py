@@ -249,3 +249,28 @@ def test_the_blocked_chains_first_labels_on_the_host_are_the_kernels_init_and_ta
     m_prog = antoniak_table_totals(None, jnp.asarray(z), jnp.asarray(agent), jnp.asarray(log_psi), hyper.beta,
                                    hyper.K, hyper.n_agents, jnp.asarray(real), u=jnp.asarray(u))
     np.testing.assert_array_equal(m_host, np.asarray(m_prog))
+
+
+def test_the_log_joint_computed_on_the_host_equals_the_sweeps_objective():
+    """``gibbs_blocked.run`` computes the kept sweeps' collapsed log joint on the host from their labels and psi
+    (``host_log_joint``, in blocks of draws): equal to the sweep's ``Info.objective`` along 6 sweeps of a padded
+    problem (1e-10 relative: SciPy's against XLA's lgamma and the sums' order)."""
+    from inference.hlcr.common import make_hyper
+
+    spec = zoo.get("hlcr")
+    inputs = model_inputs(spec.tiny_data()[0], spec.default_hyper)
+    hyper = make_hyper(spec.default_hyper, inputs["n_agents"])
+    stats, const, agent, mask = gb.programs.pad_rows(*gb.problem_from_inputs(inputs)[:3])
+    problem = gb.Problem(stats, const, agent, mask > 0)
+    k_init, k_run = gb.host_keys.parts(jax.random.key(2))
+    state = jax.tree.map(lambda a: a[0], gb.host_start(k_init, k_run, problem, hyper, 1))
+    step = jax.jit(lambda k, s: gb.sweep(k, s, problem, hyper))
+    zs, log_psis, objectives = [], [], []
+    for t in range(6):
+        state, info = step(jax.random.key(t), state)
+        zs.append(np.asarray(state.z))
+        log_psis.append(np.asarray(state.log_psi))
+        objectives.append(float(info.objective))
+    got = gb.host_log_joint(np.stack(zs)[None], np.stack(log_psis)[None], problem, hyper, block=4)
+    assert got.shape == (1, 6)
+    np.testing.assert_allclose(got[0], objectives, rtol=1e-10)

@@ -408,6 +408,23 @@ def collapsed_log_joint(D, c, const_total, n_agent, log_psi, hyper, logZ=None):
     return ev + labels + lp_psi
 
 
+def host_collapsed_log_joint(D, c, const_total, n_agent, log_psi, hyper):
+    """``collapsed_log_joint`` in NumPy/SciPy, batched over leading axes: D (..., K, F, F) including the prior
+    precision, c (..., K, F), n_agent (..., N, K), log_psi (..., K); ``const_total`` = sum_e const_e of the real
+    pairs. The collapsed sampler's log joint of its kept sweeps, from the statistics they keep (the chains' program
+    computes none)."""
+    from scipy.special import gammaln
+
+    D, c, n_agent, log_psi = (np.asarray(a, float) for a in (D, c, n_agent, log_psi))
+    K, F = D.shape[-3], D.shape[-1]
+    ev = host_log_normaliser(D, c).sum(-1) - K * F * np.log(hyper.delta) + const_total
+    bp = hyper.beta * np.exp(log_psi)
+    labels = (np.sum(gammaln(hyper.beta) - gammaln(hyper.beta + n_agent.sum(-1)), -1)
+              + np.sum(gammaln(bp[..., None, :] + n_agent) - gammaln(bp)[..., None, :], (-2, -1)))
+    a = hyper.alpha / K
+    return ev + labels + gammaln(hyper.alpha) - K * gammaln(a) + (a - 1) * log_psi.sum(-1)
+
+
 def log_evidence(D, c, n_events, q_total, sigma, delta):
     """log p(y | z) = sum_k [logZ(D_k, c_k) - logZ(I/delta^2, 0)] - M/2 log(2 pi sigma^2) - sum q/(2 sigma^2)."""
     F = D.shape[-1]
@@ -560,11 +577,12 @@ def run_label_chains(kernel: SamplerKernel, problem, key, *, num_warmup: int, nu
                      thinning: int, init_state, progress, chunk: int, desc: str):
     """Run ``num_chains`` chains (as ``kernel.chains`` says) for ``num_warmup`` + ``num_samples * thinning`` sweeps
     (``inference.loop.sample_chains``). Returns (posterior dict with leading (chain, draw) axes: everything the
-    kernel's ``collect`` keeps but its stats; stats dict: log_joint_collapsed, n_changed; last state)."""
+    kernel's ``collect`` keeps but its stats; stats dict: those of log_joint_collapsed, n_changed it keeps; last
+    state)."""
     out, state = sample_chains(kernel.init, kernel.step, problem, key, num_chains=num_chains, num_warmup=num_warmup,
                                num_samples=num_samples, thinning=thinning, collect=kernel.collect, chunk=chunk,
                                progress=progress, desc=desc, init_state=init_state, chains=kernel.chains)
     stat_names = ("log_joint_collapsed", "n_changed")
     posterior = {name: value for name, value in out.items() if name not in stat_names}
-    stats = {name: out[name] for name in stat_names}
+    stats = {name: out[name] for name in stat_names if name in out}
     return posterior, stats, state

@@ -80,6 +80,7 @@ from inference.hlcr.common import (
     cluster_state,
     collapsed_log_joint,
     gumbel_from_uniforms,
+    host_collapsed_log_joint,
     host_conditionals,
     host_label_statistics,
     host_log_normaliser,
@@ -288,9 +289,10 @@ def kernel(hyper: Hyper, prior: str = "exact", kernel: str = "block") -> Sampler
         return sweep(key, state, problem, hyper, prior, kernel)
 
     def collect(key, state: State, info: Info):
-        """The labels, log psi and the statistics (w, theta)'s conditionals read (``run`` draws them on the host)."""
+        """The labels, log psi and the statistics (w, theta)'s conditionals read (``run`` draws them on the host and
+        computes the log joint from them: ``info.objective`` is not kept, so the chains' program drops it)."""
         return {"z": state.z, "log_psi": state.log_psi, "D": state.D, "c": state.c, "n_agent": state.n_agent,
-                "log_joint_collapsed": info.objective, "n_changed": info.n_changed}
+                "n_changed": info.n_changed}
 
     return SamplerKernel(init, step, collect, chains="map")
 
@@ -312,6 +314,10 @@ def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: in
     posterior, stats, state = run_label_chains(
         k, problem, key, num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains, thinning=thinning,
         init_state=init_state, progress=progress, chunk=chunk, desc="hlcr gibbs")
+    const_total = float(np.sum(np.asarray(problem.pdat.const)[np.asarray(problem.real)]))   # padded pairs: none
+    stats = {"log_joint_collapsed": host_collapsed_log_joint(posterior["D"], posterior["c"], const_total,
+                                                             posterior["n_agent"], posterior["log_psi"], hyper),
+             **stats}
     rng = np.random.default_rng(host_keys.words(host_keys.fold_in(key, 2)))
     w, theta = host_conditionals(rng, posterior["D"], posterior["c"], posterior["n_agent"], posterior["log_psi"],
                                  hyper.beta)

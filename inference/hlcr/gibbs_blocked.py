@@ -34,9 +34,10 @@ invariant and theta, w are then drawn fresh from p(theta | psi, z) and p(w | z, 
 joint posterior p(z, w, theta, psi | y) invariant; it targets exactly the collapsed kernel's posterior.
 
 ``Info.objective`` is the collapsed log joint log p(y | z) + log p(z | psi) + log Dir(psi) of the state
-(``common.collapsed_log_joint``): the same quantity the collapsed kernel reports, so the two kernels' traces
-(and effective sample sizes) compare directly; the uncollapsed log joint would carry log Dir(theta_i | beta psi),
-which is unbounded at the simplex boundary (``zoo.hlcr.summaries``).
+(``common.collapsed_log_joint``; ``run`` computes it for the kept sweeps on the host, ``host_log_joint``): the
+same quantity the collapsed kernel reports, so the two kernels' traces (and effective sample sizes) compare directly;
+the uncollapsed log joint would carry log Dir(theta_i | beta psi), which is unbounded at the simplex boundary
+(``zoo.hlcr.summaries``).
 
 Cost per sweep O(E K F^2 + K F^3 + N K) after one O(events F^2) pass, memory O(E F^2) for the statistics.
 When to prefer which kernel (``benchmarks/bench_hlcr_scale.py``; docs/guide/models.md): a blocked sweep is
@@ -242,8 +243,10 @@ def kernel(hyper: Hyper) -> SamplerKernel:
         return sweep(key, state, problem, hyper)
 
     def collect(key, state: State, info: Info):
-        return {"z": state.z, "w": state.w, "psi": jnp.exp(state.log_psi), "theta": jnp.exp(state.log_theta),
-                "log_joint_collapsed": info.objective, "n_changed": info.n_changed}
+        """The state and the labels changed; ``run`` computes the log joint on the host (``host_log_joint``), so
+        ``info.objective`` is not kept and the chains' program drops it."""
+        return {"z": state.z, "w": state.w, "log_psi": state.log_psi, "log_theta": state.log_theta,
+                "n_changed": info.n_changed}
 
     return SamplerKernel(init, step, collect)
 
@@ -269,7 +272,42 @@ def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: in
     posterior, stats, state = run_label_chains(
         k, problem, k_run, num_warmup=num_warmup, num_samples=num_samples, num_chains=num_chains, thinning=thinning,
         init_state=init_state, progress=progress, chunk=chunk, desc="hlcr gibbs_blocked")
-    return {**posterior, "z": posterior["z"][..., :E]}, stats, state
+    stats = {"log_joint_collapsed": host_log_joint(posterior["z"], posterior["log_psi"], problem, hyper), **stats}
+    return ({"z": posterior["z"][..., :E], "w": posterior["w"], "psi": np.exp(posterior["log_psi"]),
+             "theta": np.exp(posterior["log_theta"])}, stats, state)
+
+
+def _host_pair_statistics(problem: Problem):
+    """G_e / s^2 (E, F, F) and g_e / s^2 (E, F) unpacked from ``problem.stats`` (NumPy)."""
+    F = n_features(problem)
+    iu = np.triu_indices(F)
+    P = len(iu[0])
+    stats = np.asarray(problem.stats)
+    Gs = np.zeros((stats.shape[0], F, F))
+    Gs[:, iu[0], iu[1]] = stats[:, :P]
+    Gs[:, iu[1], iu[0]] = stats[:, :P]
+    return Gs, stats[:, P:P + F]
+
+
+def host_log_joint(z, log_psi, problem: Problem, hyper: Hyper, block: int = 256):
+    """The collapsed log joint (``sweep``'s ``Info.objective``: ``common.collapsed_log_joint``) of kept labels ``z``
+    (..., E) (the label K on padded pairs) and ``log_psi`` (..., K), in NumPy on the host
+    (``common.host_label_statistics``, ``common.host_collapsed_log_joint``), ``block`` draws at a time (memory
+    O(block E K))."""
+    from inference.hlcr.common import host_collapsed_log_joint
+
+    z = np.asarray(z)
+    lead = z.shape[:-1]
+    z, log_psi = z.reshape(-1, z.shape[-1]), np.asarray(log_psi).reshape(-1, hyper.K)
+    Gs, gs = _host_pair_statistics(problem)
+    real = np.ones(len(gs), bool) if problem.real is None else np.asarray(problem.real)
+    const_total = float(np.sum(np.asarray(problem.const)[real]))
+    out = np.empty(len(z))
+    for lo in range(0, len(z), block):
+        D, c, n_agent = host_label_statistics(z[lo:lo + block], Gs, gs, problem.agent, hyper.K, hyper.n_agents,
+                                              hyper.delta)
+        out[lo:lo + block] = host_collapsed_log_joint(D, c, const_total, n_agent, log_psi[lo:lo + block], hyper)
+    return out.reshape(lead)
 
 
 def host_start(k_init, k_run, problem: Problem, hyper: Hyper, num_chains: int, z_init=None):
@@ -294,15 +332,8 @@ def host_start(k_init, k_run, problem: Problem, hyper: Hyper, num_chains: int, z
         z0 = np.zeros((num_chains, E), np.int64)
         z0[:, :int(real.sum())] = np.asarray(z_init)
     z0 = np.where(real, z0, hyper.K).astype(np.int32)
-    F = n_features(problem)
-    iu = np.triu_indices(F)
-    P = len(iu[0])
-    stats = np.asarray(problem.stats)
-    Gs = np.zeros((E, F, F))
-    Gs[:, iu[0], iu[1]] = stats[:, :P]
-    Gs[:, iu[1], iu[0]] = stats[:, :P]
-    D, c, n_agent = host_label_statistics(z0, Gs, stats[:, P:P + F], problem.agent, hyper.K, hyper.n_agents,
-                                          hyper.delta)
+    Gs, gs = _host_pair_statistics(problem)
+    D, c, n_agent = host_label_statistics(z0, Gs, gs, problem.agent, hyper.K, hyper.n_agents, hyper.delta)
     uniform = np.full(hyper.K, -np.log(hyper.K))
     log_psi, w, log_theta = [], [], []
     for ch in range(num_chains):
