@@ -22,7 +22,9 @@ one the host implements (``host_plan``: identity, exp, softplus, sigmoid, affine
 ``host_draws`` replays its seeded draws and log q in NumPy from the fitted locations and scales. NumPyro's
 autoguides set themselves up on their first call from that call's data (the prototype trace, the initial locations,
 the constraint transforms), so each program builds its own guide and ``SVI`` inside its trace: a guide object kept
-between fits would carry the first fit's data into the next.
+between fits would carry the first fit's data into the next. ``init="median"`` is NumPyro's ``init_to_median`` with
+its prior draws made on the host (``inference._init_strategies.init_to_median_on_host``: the same initial point,
+without JAX's samplers compiled into the initialisation).
 
 A fit that cannot be evaluated is a ``NonFiniteError`` with advice (lower ``learning_rate``, another ``guide`` or
 ``init``), never NumPyro's argument validation: the ELBO estimate non-finite at every step of the last 5 % (the
@@ -45,7 +47,7 @@ from tqdm.auto import tqdm
 
 from inference import host_draws as hd
 from inference import host_keys, programs
-from inference._init_strategies import INIT_STRATEGIES
+from inference._init_strategies import HOST_INIT_STRATEGIES, INIT_STRATEGIES
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.progress import progress_enabled
 from inference.trees import NonFiniteError, split_arguments
@@ -89,12 +91,13 @@ class _MultivariateNormal(AutoMultivariateNormal, _SitesInModelOrder):
     pass
 
 
-def make_guide(model, kind, init: str = "median", rank: int | None = None):
-    """The autoguide ``kind`` of ``model`` (its latent sites in the model's order), or ``kind`` itself when it is
-    a guide function."""
+def make_guide(model, kind, init: str = "median", rank: int | None = None, strategies: dict = INIT_STRATEGIES):
+    """The autoguide ``kind`` of ``model`` (its latent sites in the model's order) initialised by
+    ``strategies[init]`` (NumPyro's strategies; ``_programs`` passes ``HOST_INIT_STRATEGIES``, the same initial
+    values), or ``kind`` itself when it is a guide function."""
     if callable(kind):
         return kind
-    init_loc_fn = INIT_STRATEGIES[init]
+    init_loc_fn = strategies[init]
     if kind == "normal":
         return _Normal(model, init_loc_fn=init_loc_fn)
     if kind == "lowrank":
@@ -164,7 +167,7 @@ def _programs(model, static: tuple, settings: tuple) -> SVIPrograms:
         locations drawn with ``key``, the parameters' constraint transforms) is traced from this program's data.
         Only ``init`` uses the initial state; elsewhere it is compiled away."""
         kwargs = {**dict(static), **arrays}
-        guide = make_guide(model, o["guide"], o["init"], o["rank"])
+        guide = make_guide(model, o["guide"], o["init"], o["rank"], HOST_INIT_STRATEGIES)
         svi = SVI(model, guide, optax.adam(o["learning_rate"]), Trace_ELBO(num_particles=o["num_particles"]))
         return svi, guide, kwargs, svi.init(key, **kwargs)
 
