@@ -153,8 +153,9 @@ def _keep_padded(update):
 
 
 def _block_pair_update(state: State, xs, hyper: Hyper, prior: str):
-    """One pair's collapsed update from sufficient statistics (K log normalisers)."""
-    Gs_e, gs_e, const_e, a, gumbel, e = xs
+    """One pair's collapsed update from sufficient statistics (K log normalisers). A padded pair (``real_e`` False,
+    label K) keeps its label K, so its move is zero and the state stays as it is (no guard over the whole carry)."""
+    Gs_e, gs_e, const_e, a, gumbel, e, real_e = xs
     K = hyper.K
     k0 = state.z[e]
     is0 = jnp.arange(K) == k0
@@ -166,7 +167,7 @@ def _block_pair_update(state: State, xs, hyper: Hyper, prior: str):
     n_cluster = state.n_cluster - is0
     logits = prior_logits(n_agent_k, n_cluster, state.log_psi, hyper.alpha, hyper.beta, prior) \
         + logZ_with - logZ_without + const_e
-    k1 = jnp.argmax(logits + gumbel).astype(state.z.dtype)
+    k1 = jnp.where(real_e, jnp.argmax(logits + gumbel), k0).astype(state.z.dtype)
     move = (jnp.arange(K) == k1).astype(state.D.dtype) - is0
     new = state._replace(
         z=state.z.at[e].set(k1),
@@ -236,11 +237,12 @@ def sweep(key, state: State, problem: Problem, hyper: Hyper, prior: str = "exact
     u_psi, u_pair = step_uniforms(key, GAMMA_UNIFORMS * K, E, K + 1)
     gumbel = gumbel_from_uniforms(u_pair[:, :K])
     xs = (pdat.Gs, pdat.gs, pdat.const, pdat.agent, gumbel, jnp.arange(E))
-    guard = (lambda f: f) if real is None else _keep_padded
-    xs = xs if real is None else (*xs, real)
     if kernel == "block":
-        state, changed = jax.lax.scan(guard(lambda s, x: _block_pair_update(s, x, hyper, prior)), state, xs)
+        xs = (*xs, jnp.ones(E, bool) if real is None else real)
+        state, changed = jax.lax.scan(lambda s, x: _block_pair_update(s, x, hyper, prior), state, xs)
     else:
+        guard = (lambda f: f) if real is None else _keep_padded
+        xs = xs if real is None else (*xs, real)
         (state, _), changed = jax.lax.scan(guard(lambda s, x: _paper_pair_update(s, x, hyper, prior, events)),
                                            (state, jnp.linalg.inv(state.D)), xs)
     # exact sums of the new labels (the block updates' D carries the rounding of E additions and removals; the
