@@ -159,9 +159,9 @@ def _model_simulation(spec: zoo.ModelSpec, base: dict, hyper: dict, seed: int):
 
 
 def _latent_names(spec: zoo.ModelSpec, data: dict, hyper: dict) -> list[str]:
-    from inference.trees import latent_sites, trace_model
+    from inference.trees import latent_sites, trace_structure
 
-    return [n for n in latent_sites(trace_model(spec, spec.inputs(data, hyper))) if n not in spec.likelihood_sites]
+    return [n for n in latent_sites(trace_structure(spec, spec.inputs(data, hyper))) if n not in spec.likelihood_sites]
 
 
 def _compared(spec: zoo.ModelSpec, arrays: Mapping[str, np.ndarray], data: dict, hyper: dict,
@@ -171,9 +171,9 @@ def _compared(spec: zoo.ModelSpec, arrays: Mapping[str, np.ndarray], data: dict,
     arrays = {k: (np.asarray(v)[None, None] if lead is None else np.asarray(v)) for k, v in arrays.items()}
     if spec.summaries is None:
         return arrays
-    from inference.trees import SAMPLE_DIMS, dataset, site_dims, trace_model
+    from inference.trees import SAMPLE_DIMS, dataset, site_dims, trace_structure
 
-    trace = trace_model(spec, spec.inputs(data, hyper))
+    trace = trace_structure(spec, spec.inputs(data, hyper))   # abstract: nothing compiled
     dims = {k: site_dims(spec, trace, k, v.shape[2:]) for k, v in arrays.items()}
     ds = dataset(arrays, dims, {}, SAMPLE_DIMS)
     out = spec.summaries(ds, data, hyper)

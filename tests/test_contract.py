@@ -22,7 +22,7 @@ import inference
 import zoo
 from inference._methods import get_method
 from inference._timing import Stopwatch
-from inference.trees import latent_sites, trace_model
+from inference.trees import latent_sites, trace_structure
 
 GROUPS = ("posterior", "sample_stats", "log_likelihood", "log_prior", "observed_data")
 N_CHECKED_DRAWS = 3
@@ -130,7 +130,7 @@ def check_contract(model: str, method: str, seed: int = 3) -> None:
     post = tree["posterior"].to_dataset()
     hyper = {**spec.default_hyper, **{k: v for k, v in options.items() if k in spec.hyperparameters}}
     kwargs = spec.inputs(inference.trees.problem_of(tree)[1], hyper)
-    sites = latent_sites(trace_model(spec, kwargs))
+    sites = latent_sites(trace_structure(spec, kwargs))   # abstract: an eager trace compiled each operation
     for site in sites:
         assert site in post, f"{model}/{method}: posterior lacks latent site {site!r}"
         values = post[site]

@@ -575,13 +575,18 @@ def site_supports(tree) -> dict[str, str]:
     from inference.trees import latent_sites, trace_model
 
     spec, data, hyper = problem_of(tree)
-    tr = trace_model(spec, spec.inputs(data, hyper))
     kinds = {}
-    for name in latent_sites(tr):
-        support = tr[name]["fn"].support
-        kinds[name] = ("real" if support in (constraints.real, constraints.real_vector) else
-                       "positive" if support is constraints.positive else
-                       "simplex" if support is constraints.simplex else repr(support))
+
+    def read():   # traced abstractly (jax.eval_shape): run eagerly, the model compiled each of its operations
+        tr = trace_model(spec, spec.inputs(data, hyper))
+        for name in latent_sites(tr):
+            support = tr[name]["fn"].support
+            kinds[name] = ("real" if support in (constraints.real, constraints.real_vector) else
+                           "positive" if support is constraints.positive else
+                           "simplex" if support is constraints.simplex else repr(support))
+        return 0
+
+    jax.eval_shape(read)
     return kinds
 
 
