@@ -30,6 +30,7 @@ def test_square_wave_factors_are_orthogonal_on_the_grid():
 def test_summed_switch_likelihood_equals_brute_force_logsumexp():
     # p = 2, m = 3, n = 5 with random latents: the O(2^m m^2) quadratic form must equal the direct
     # log-sum-exp of log p(b) + sum log N(y; H(x * b), sigma2) over the 8 patterns (exact algebra: 1e-10)
+    import jax
     import jax.numpy as jnp
     from jax.scipy.special import logsumexp
 
@@ -44,10 +45,16 @@ def test_summed_switch_likelihood_equals_brute_force_logsumexp():
     H = rng.standard_normal((2, 3))
     sig2 = np.array([0.3, 0.7])
     X = np.einsum("jnr,jr->jn", kw["F"], u)
-    a, A, const = za.switch_terms(jnp.asarray(X), jnp.asarray(H), 1.0 / jnp.asarray(sig2), jnp.asarray(Y))
-    configs = jnp.asarray(kw["configs"])
-    fast = const + logsumexp(za.config_log_joint(a, A, configs, za.log_prior_table(configs, jnp.asarray(kw["theta"]))))
-    brute = logsumexp(jnp.stack([log_joint_b(b, u, H, sig2, F, Y, jnp.full(3, 0.3)) for b in configs]))
+
+    @jax.jit  # both sides evaluated as one program each (eager op-by-op evaluation compiles one per operation)
+    def fast_and_brute(X, H, sig2, Y, F, u, configs, theta):
+        a, A, const = za.switch_terms(X, H, 1.0 / sig2, Y)
+        fast = const + logsumexp(za.config_log_joint(a, A, configs, za.log_prior_table(configs, theta)))
+        brute = logsumexp(jnp.stack([log_joint_b(configs[i], u, H, sig2, F, Y, jnp.full(3, 0.3))
+                                     for i in range(configs.shape[0])]))
+        return fast, brute
+
+    fast, brute = fast_and_brute(X, H, sig2, Y, F, u, jnp.asarray(kw["configs"]), jnp.asarray(kw["theta"]))
     assert abs(float(fast) - float(brute)) < 1e-10
     # and the Gram matrices of the eigen factors reproduce the kernels
     for j, k in enumerate(za.resolve_kernels(kern)):
