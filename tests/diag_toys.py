@@ -25,9 +25,9 @@ Hand-made "methods" with known defects, each registered through the public route
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
@@ -140,14 +140,21 @@ def _gaussian(ctx):
 
 
 def _draw(ctx, mean, cov, event, num_chains, num_samples, log_q=False):
-    d = len(mean)
-    z = jax.random.normal(ctx.key, (num_chains, num_samples, d))
-    chol = np.linalg.cholesky(cov)
-    x = jnp.asarray(mean) + z @ jnp.asarray(chol).T
-    stats = {}
-    if log_q:
-        stats["log_q"] = dist.MultivariateNormal(jnp.asarray(mean), jnp.asarray(cov)).log_prob(x)
+    x, lq = _gaussian_draws(ctx.key, np.asarray(mean), np.linalg.cholesky(cov), np.asarray(cov),
+                            (num_chains, num_samples, len(mean)), log_q)
+    stats = {"log_q": lq} if log_q else {}
     return x.reshape((num_chains, num_samples) + (event or ())), stats
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5))
+def _gaussian_draws(key, mean, chol, cov, shape, log_q):
+    """x = mean + L z with z ~ N(0, I) from ``key`` (and log q(x) when asked): one program per shape."""
+    x = mean + jax.random.normal(key, shape) @ chol.T
+    return x, (dist.MultivariateNormal(mean, cov).log_prob(x) if log_q else None)
+
+
+_beta = jax.jit(jax.random.beta, static_argnums=3)
+_host_seed = jax.jit(lambda key: jax.random.randint(key, (), 0, 2**31 - 1))
 
 
 _OPTS = {"num_samples": 2000, "num_chains": 2}
@@ -156,7 +163,7 @@ _TOYS = ("dq_normal", "dq_linreg")
 
 def _beta_draws(ctx, a, b):
     shape = (ctx.options["num_chains"], ctx.options["num_samples"])
-    return Draws(posterior={"theta": jax.random.beta(ctx.key, a, b, shape)})
+    return Draws(posterior={"theta": _beta(ctx.key, a, b, shape)})
 
 
 @register_method("exact", kind="sampler", models=(*_TOYS, "dq_beta"), options=_OPTS)
@@ -253,7 +260,7 @@ def ar1(ctx):
     name, m, c, event = _gaussian(ctx)
     o = ctx.options
     phi = float(o["phi"])
-    rng = np.random.default_rng(int(jax.random.randint(ctx.key, (), 0, 2**31 - 1)))
+    rng = np.random.default_rng(int(_host_seed(ctx.key)))
     n = o["num_warmup"] + o["num_samples"]
     chol = np.linalg.cholesky(c)
     start = o["init_sd"] * rng.normal(size=(o["num_chains"], 1, len(m)))
