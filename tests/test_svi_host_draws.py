@@ -1,8 +1,8 @@
 """AutoNormal's draws and log q made in NumPy on the host (inference/svi.py ``host_plan``/``host_draws``,
 inference/host_draws.py; issue 28 item 1: a cold SVI fit compiles no draw program).
 
-Oracles are NumPyro and JAX themselves, evaluated here op by op: ``jax.random.split``/``jax.random.normal`` for the
-replayed keys and noise, ``biject_to(constraint)(z)`` and its ``log_abs_det_jacobian`` for each transform, and
+Oracles are NumPyro and JAX themselves, each evaluated as one jitted program: ``jax.random.split``/``jax.random.normal``
+for the replayed keys and noise, ``biject_to(constraint)(z)`` and its ``log_abs_det_jacobian`` for each transform, and
 ``TransformedDistribution(Normal(loc, scale), biject_to(support)).log_prob(x)`` (what the compiled draw program sums)
 for log q at the host's draws. Tolerances: 1e-10 relative where both sides compute the same closed form in float64
 (reordering and SciPy's against XLA's ``erfinv`` differ in the last bits; an error in a transform, a shift or a
@@ -47,8 +47,14 @@ def test_host_transform_and_log_det_equal_numpyros_biject_to(name):
     assert forward is not None, name
     z = np.random.default_rng(0).uniform(-4, 4, (3, *shape))
     x, log_det = forward(z)
-    x_ref = np.asarray(transform(jnp.asarray(z)))
-    ld_ref = np.asarray(transform.log_abs_det_jacobian(jnp.asarray(z), jnp.asarray(x_ref))).reshape(3, -1).sum(1)
+
+    @jax.jit   # NumPyro's transform and Jacobian as one program (eagerly: one program per operation)
+    def reference(z):
+        x = transform(z)
+        return x, transform.log_abs_det_jacobian(z, x)
+
+    x_ref, ld_ref = (np.asarray(v) for v in reference(jnp.asarray(z)))
+    ld_ref = ld_ref.reshape(3, -1).sum(1)
     np.testing.assert_allclose(x, x_ref, rtol=1e-12, atol=0)
     np.testing.assert_allclose(log_det, ld_ref, rtol=1e-10, atol=1e-12)
 
@@ -66,10 +72,15 @@ def test_threefry_split_and_normal_replay_jax_random(shape):
     ``jax.random.normal`` (float64) to 1e-12 relative (erfinv's last bits)."""
     keys = jax.random.split(jax.random.key(11), 4)
     words = host_keys.words(keys)
-    np.testing.assert_array_equal(hd.threefry_split(words),
-                                  np.stack([np.asarray(jax.random.key_data(jax.random.split(k))) for k in keys]))
+
+    @jax.jit   # JAX's own split and normal per key, as one program (eagerly: one program per operation)
+    def reference(keys):
+        return (jax.vmap(lambda k: jax.random.key_data(jax.random.split(k)))(keys),
+                jax.vmap(lambda k: jax.random.normal(k, shape, dtype=jnp.float64))(keys))
+
+    split_ref, expected = (np.asarray(v) for v in reference(keys))
+    np.testing.assert_array_equal(hd.threefry_split(words), split_ref)
     eps = hd.threefry_normal(words, shape)
-    expected = np.stack([np.asarray(jax.random.normal(k, shape, dtype=jnp.float64)) for k in keys])
     assert eps.shape == (4, *shape)
     np.testing.assert_allclose(eps, expected, rtol=1e-12, atol=1e-14)
 
@@ -116,12 +127,18 @@ def test_host_log_q_is_numpyros_transformed_density_at_the_host_draws():
     plan = host_plan(mixed_model, {"y": np.zeros(5)}, {"guide": "normal"})
     draws, log_q = host_draws(plan, PARAMS, jax.random.key(5), 6)
     supports = {"w": constraints.simplex, "sigma": constraints.positive, "mu": constraints.real}
-    expected = np.zeros(6)
-    for name, support in supports.items():
-        loc, scale = PARAMS[f"{name}_auto_loc"], PARAMS[f"{name}_auto_scale"]
-        base = dist.Normal(loc, scale).to_event(np.ndim(loc))
-        q = base if support is constraints.real else dist.TransformedDistribution(base, biject_to(support))
-        expected += np.asarray(jax.vmap(q.log_prob)(jnp.asarray(draws[name])))
+
+    @jax.jit   # NumPyro's densities, all sites in one program (eagerly: one program per operation)
+    def reference(draws):
+        total = 0.0
+        for name, support in supports.items():
+            loc, scale = PARAMS[f"{name}_auto_loc"], PARAMS[f"{name}_auto_scale"]
+            base = dist.Normal(loc, scale).to_event(np.ndim(loc))
+            q = base if support is constraints.real else dist.TransformedDistribution(base, biject_to(support))
+            total = total + jax.vmap(q.log_prob)(draws[name])
+        return total
+
+    expected = np.asarray(reference({name: jnp.asarray(draws[name]) for name in supports}))
     assert draws["w"].shape == (6, 3) and draws["sigma"].shape == (6,) and draws["mu"].shape == (6, 3)
     np.testing.assert_allclose(draws["w"].sum(1), 1.0, rtol=1e-12)
     np.testing.assert_allclose(log_q, expected, rtol=1e-9)
@@ -136,15 +153,23 @@ def test_host_draws_are_the_guides_draws_seeded_as_numpyro_does():
 
     y = np.array([-1.0, 0.2, 2.3, 0.4, 1.9])
     guide = make_guide(mixed_model, "normal")
-    with handlers.seed(rng_seed=0):
-        guide(y=y)   # set up its prototype from the data
+    with handlers.seed(rng_seed=0):   # set up its prototype from the data, abstractly (eagerly: ~250 programs)
+        jax.eval_shape(lambda: guide(y=y))
     plan = host_plan(mixed_model, {"y": y}, {"guide": "normal"})
     key = jax.random.key(9)
     draws, _ = host_draws(plan, PARAMS, key, 4)
-    for i, k in enumerate(jax.random.split(key, 4)):
-        tr = handlers.trace(handlers.seed(handlers.substitute(guide, data=PARAMS), k)).get_trace(y=y)
+
+    @jax.jit   # NumPyro's seeded guide per key, as one program (eagerly: one program per operation)
+    def reference(keys):
+        def one(k):
+            tr = handlers.trace(handlers.seed(handlers.substitute(guide, data=PARAMS), k)).get_trace(y=y)
+            return {name: tr[name]["value"] for name in ("w", "sigma", "mu")}
+        return jax.vmap(one)(keys)
+
+    ref = reference(jax.random.split(key, 4))
+    for i in range(4):
         for name in ("w", "sigma", "mu"):
-            np.testing.assert_allclose(draws[name][i], np.asarray(tr[name]["value"]), rtol=1e-10, err_msg=name)
+            np.testing.assert_allclose(draws[name][i], np.asarray(ref[name][i]), rtol=1e-10, err_msg=name)
 
 
 def test_host_draws_follow_q():
