@@ -6,6 +6,7 @@ state their unit."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -21,6 +22,16 @@ from zoo.hlcr import model_inputs, pair_structure, split_events
 # A. Closed forms
 # --------------------------------------------------------------------------------------------------
 
+
+
+# The functions under test evaluated as one compiled program each (as inside a sweep), not one per operation.
+_cluster_posteriors = jax.jit(cluster_posteriors, static_argnums=3)
+
+
+@jax.jit
+def _one_pair_log_predictive(A, b, Gx, gx, const):
+    """pair_log_predictive for one cluster with statistics (A, b) and one pair's (Gx, gx, const)."""
+    return pair_log_predictive(A[None], b[None], log_normaliser(A[None], b[None]), Gx, gx, const)[0]
 
 def _sequential_loglik(X, y, A, b, sigma, paper=False):
     """Sum of the sequential predictives of Theorem 1 (paper Algorithm 1), NumPy, corrected variance
@@ -60,10 +71,7 @@ def test_normaliser_ratio_equals_sequential_predictives_and_block_marginal():
                 X = rng.normal(size=(n, F))
                 y = X @ rng.normal(size=F) + sigma * rng.normal(size=n)
                 const = -0.5 * n * np.log(2 * np.pi * sigma**2) - 0.5 * y @ y / sigma**2
-                ours = float(pair_log_predictive(jnp.asarray(A)[None], jnp.asarray(b)[None],
-                                                 log_normaliser(jnp.asarray(A)[None], jnp.asarray(b)[None]),
-                                                 jnp.asarray(X.T @ X / sigma**2), jnp.asarray(X.T @ y / sigma**2),
-                                                 const)[0])
+                ours = float(_one_pair_log_predictive(A, b, X.T @ X / sigma**2, X.T @ y / sigma**2, const))
                 seq = _sequential_loglik(X, y, A, b, sigma)
                 assert abs(ours - seq) < 1e-9, (sigma, n, F, ours, seq)
                 assert abs(ours - _block_marginal(X, y, A, b, sigma)) < 1e-9
@@ -85,7 +93,7 @@ def test_theorem2_cluster_means_equal_sklearn_ridge():
                                                 psi=np.full(3, 1 / 3))
     hyper = {"K": 3, "alpha": 3.0, "beta": 1.0, "delta": 1.5, "sigma": 0.6}
     pdat = pair_data(model_inputs(data, hyper))
-    m, _ = cluster_posteriors(pdat.Gs, pdat.gs, jnp.asarray(truth["z"]), 3, 1.5)
+    m, _ = _cluster_posteriors(pdat.Gs, pdat.gs, jnp.asarray(truth["z"]), 3, 1.5)
     for k in range(3):
         sel = truth["z_event"] == k
         ridge = Ridge(alpha=0.6**2 / 1.5**2, fit_intercept=False, solver="cholesky", tol=1e-14)
@@ -194,7 +202,7 @@ def _rb_coclustering(tree):
         r = jax.nn.softmax(jnp.log(ti)[inp["pair_agent"]] + ll, -1)
         return r @ r.T
 
-    co = np.array(jax.vmap(one)(jnp.asarray(w), jnp.asarray(th)).mean(0))
+    co = np.array(jax.jit(jax.vmap(one))(jnp.asarray(w), jnp.asarray(th)).mean(0))
     np.fill_diagonal(co, 1.0)       # sum_k r_ek^2 is not P(z_e = z_e); the formula holds for e != e'
     return co
 
@@ -324,7 +332,7 @@ def _check_c1(seed):
     assert pooled >= 3 * mse, (pooled, mse)
     w = tree["posterior"]["w"].values[0, -1]
     pdat = pair_data(model_inputs(train, {**hyper, "alpha": 3.0, "beta": 1.0}))
-    m, _ = cluster_posteriors(pdat.Gs, pdat.gs, jnp.asarray(z5), 3, 2.0)
+    m, _ = _cluster_posteriors(pdat.Gs, pdat.gs, jnp.asarray(z5), 3, 2.0)
     from inference.hlcr.common import match_labels
 
     perm = match_labels(truth["z"], z5, 3)                    # perm[our label] = true label
