@@ -713,8 +713,8 @@ def test_khat_equals_numpyro_psis_diagnostic_on_the_same_particles():
     hyper = hyper_of(tree)
     kw = spec.inputs(data, hyper)
     guide = make_guide(spec.model, "normal", "uniform")
-    with numpyro.handlers.seed(rng_seed=0):
-        guide(**kw)                                   # build the guide's prototype before substituting params
+    with numpyro.handlers.seed(rng_seed=0):           # build the guide's prototype before substituting params,
+        jax.eval_shape(lambda: guide(**kw))           # abstractly (eagerly: one program per model operation)
     key, S = jax.random.key(123), 4000
     k_numpyro = psis_diagnostic(key, params, spec.model, guide, num_particles=S, **kw)
     keys = jax.vmap(lambda k: jax.random.split(k)[1])(jax.random.split(key, S))
