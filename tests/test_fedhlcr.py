@@ -37,7 +37,7 @@ def small_data(seed=0):
 
 def centralised_stats(data, z):
     pdat = pair_data(model_inputs(data, HYPER))
-    D, c, _ = cluster_state(pdat.Gs, pdat.gs, jnp.asarray(z), K, HYPER["delta"])
+    D, c, _ = jax.jit(cluster_state, static_argnums=3)(pdat.Gs, pdat.gs, jnp.asarray(z), K, HYPER["delta"])
     return np.asarray(D), np.asarray(c)
 
 
@@ -74,7 +74,7 @@ def test_d1_agent_uploads_sum_to_centralised_cluster_statistics_for_any_partitio
         z_new = z[old_of_event_pair]
         zz = np.zeros(index.shape, np.int32)
         zz[index >= 0] = z_new[index[index >= 0]]
-        up = jax.vmap(lambda zi, sh: hf._upload(zi, sh, K, jnp.zeros(K)))(jnp.asarray(zz), shards)
+        up = jax.jit(jax.vmap(lambda zi, sh: hf._upload(zi, sh, K, jnp.zeros(K))))(jnp.asarray(zz), shards)
         # identity up to rounding of the sums: 1e-10 absolute
         np.testing.assert_allclose(np.eye(F) + np.asarray(up["D"]).sum(0), D_c, atol=1e-10)
         np.testing.assert_allclose(np.asarray(up["c"]).sum(0), c_c, atol=1e-10)
@@ -286,7 +286,7 @@ def test_d4_audit_only_cluster_indexed_arrays_cross_and_nothing_indexed_by_pair_
     # the same records ahead of any run (eval_shape), and they do not change when an agent holds more pairs
     proto = hf.make_protocol(hf.Config(K, F, 3.0, 1.0, 1.0, 1.0, True, "exact", 0.0), jax.random.key(0))
     shard = jax.tree.map(lambda a: a[0], fed.make_shards(agents, 0.5)[0])
-    bigger = jax.tree.map(lambda a: jnp.concatenate([a, a, a]), shard)
+    bigger = jax.tree.map(lambda a: np.concatenate([a, a, a]), shard)
     spec, spec_big = hf.message_spec(proto, shard), hf.message_spec(proto, bigger)
     assert {tuple(r["shape"]) for r in spec["uplink"]} == {(K, F, F), (K, F), (K,)}
     assert spec == spec_big
