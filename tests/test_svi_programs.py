@@ -67,7 +67,8 @@ def numpyro_svi_draws(y, seed, guide_kind, num_steps=STEPS, num_samples=DRAWS, l
         tr = handlers.trace(handlers.seed(handlers.substitute(guide, data=result.params), k)).get_trace(**kwargs)
         return {name: tr[name]["value"] for name in ("mu", "sigma")}
 
-    return jax.vmap(one)(jax.random.split(k_draw, num_samples)), -np.asarray(result.losses), result.params
+    draws = jax.jit(jax.vmap(one))(jax.random.split(k_draw, num_samples))   # one program (eagerly: one per op)
+    return draws, -np.asarray(result.losses), result.params
 
 
 @pytest.mark.parametrize("guide", ["normal", "lowrank"])
