@@ -28,7 +28,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.special import digamma, gammaln, logsumexp
+import scipy.special
+from jax.scipy.special import digamma, gammaln
 
 from zoo.mppca import resolved_q
 
@@ -251,7 +252,7 @@ def gmm_logpdf(Y, weights, means, covs):
         L = np.linalg.cholesky(C)
         z = np.linalg.solve(L, (Y - m).T)
         out.append(np.log(w) - 0.5 * np.sum(z**2, 0) - np.sum(np.log(np.diag(L))) - 0.5 * len(m) * LOG_2PI)
-    return np.asarray(logsumexp(jnp.asarray(np.stack(out, 1)), axis=1))
+    return scipy.special.logsumexp(np.stack(out, 1), axis=1)   # NumPy data: SciPy's, not JAX's op by op
 
 
 def point_draws(cfg: Cfg, pi, mu, W, sig2):
