@@ -29,7 +29,8 @@ from zoo import bpca, ssgp
 
 
 def _log_density(model, kwargs, params) -> float:
-    return float(log_density(model, (), kwargs, params)[0])
+    # NumPyro's log_density as one jitted program (eagerly: one program per model operation)
+    return float(jax.jit(lambda p: log_density(model, (), kwargs, p)[0])(params))
 
 
 # --------------------------------------------------------------------------------------------------
