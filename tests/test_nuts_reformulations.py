@@ -88,9 +88,11 @@ def test_bpca_jacobian_of_w_equals_l_q_is_prod_l_ii_to_the_m_minus_i(M):
         A = jnp.zeros((M, M)).at[iu].set(skew)
         return (L @ jax.scipy.linalg.expm(A - A.T)).ravel()
 
+    jacobian = jax.jit(jax.jacfwd(W_of))   # one program (eagerly: one per operation)
+
     def logdet(diag, low):
         x = jnp.concatenate([diag, low, jnp.zeros(len(iu[0]))])
-        return float(np.linalg.slogdet(np.asarray(jax.jacfwd(W_of)(x)))[1])
+        return float(np.linalg.slogdet(np.asarray(jacobian(x)))[1])
 
     rng = np.random.default_rng(M)
     d1, d2 = rng.uniform(0.5, 3.0, M) * rng.choice([-1, 1], M), rng.uniform(0.5, 3.0, M)
@@ -109,7 +111,7 @@ def test_bpca_reformulated_density_is_the_model_with_z_integrated_out():
     rng = np.random.default_rng(4)
     draw = {"mu": jnp.asarray(rng.normal(size=5)), "L_diag": jnp.asarray([1.5, -0.7]),
             "L_low": jnp.asarray(rng.normal(size=len(np.tril_indices(5, -1, 2)[0]))), "tau": jnp.asarray(2.5)}
-    sites = bpca.marginal_to_sites(jax.random.key(5), draw, kw)
+    sites = jax.jit(lambda k, d: bpca.marginal_to_sites(k, d, kw))(jax.random.key(5), draw)
     W, z, mu, tau = (np.asarray(sites[k]) for k in ("W", "z", "mu", "tau"))
     log_cond = 0.0
     for n in range(kw["X"].shape[0]):
@@ -120,8 +122,9 @@ def test_bpca_reformulated_density_is_the_model_with_z_integrated_out():
     lhs = _log_density(bpca.model, kw, sites) - log_cond
     rhs = _log_density(bpca.model_marginal, kw, draw) - np.log(1.5) + stats.norm(0, 1).logpdf(0.0)
     assert lhs == pytest.approx(rhs, rel=1e-9)
-    order = bpca._row_order(jnp.asarray(kw["X"]), jnp.asarray(kw["mask"]), 2)
-    L = np.asarray(bpca._triangular(draw["L_diag"], draw["L_low"], order, 5, 2))
+    L = np.asarray(jax.jit(lambda d: bpca._triangular(d["L_diag"], d["L_low"],
+                                                      bpca._row_order(jnp.asarray(kw["X"]), jnp.asarray(kw["mask"]), 2),
+                                                      5, 2))(draw))
     np.testing.assert_allclose(W @ W.T, L @ L.T, rtol=1e-12, atol=1e-12)   # W = L Q, Q orthogonal
 
 
@@ -167,8 +170,8 @@ def test_ssgp_sign_symmetry_is_exact_and_the_mapped_sign_is_a_fair_coin(name):
     aug = {"gaussian": jnp.asarray(0.4), "probit": jnp.zeros(len(kw["y"])), "logit": jnp.full(len(kw["y"]), 0.3)}
     folded = {"lam_fold": jnp.asarray(2.7), "sigma": jnp.asarray(1.3), "tau": jnp.asarray([0.6]),
               ssgp.AUGMENTATION[kw["likelihood"]]: aug[kw["likelihood"]]}
-    signs = [float(ssgp.collapsed_to_sites(k, folded, kw)["lam"][0])
-             for k in jax.random.split(jax.random.key(1), 400)]
+    lam_of = jax.jit(lambda k: ssgp.collapsed_to_sites(k, folded, kw)["lam"][0])   # one program for the 400 keys
+    signs = [float(lam_of(k)) for k in jax.random.split(jax.random.key(1), 400)]
     assert 160 < sum(s > 0 for s in signs) < 240          # Binomial(400, 1/2): 4.0 sd either side
     assert set(np.round(np.abs(signs), 12)) == {2.7}
 
@@ -196,7 +199,7 @@ def test_ssgp_collapsed_density_is_the_model_with_the_linear_part_integrated_out
     m, J = kw["S"].shape[0], kw["n_groups"]
     draw = {"lam_fold": jnp.asarray(2.3), "sigma": jnp.asarray(1.2), "tau": jnp.asarray([0.5]),
             "gamma": jnp.asarray(0.4)}
-    sites = ssgp.collapsed_to_sites(jax.random.key(3), draw, kw)
+    sites = jax.jit(lambda k, d: ssgp.collapsed_to_sites(k, d, kw))(jax.random.key(3), draw)
     Phi = np.asarray(ssgp.linear_design(kw["X"], kw["S"], sites["lam"], None, kw["group"], kw["C"], J))
     sd = np.asarray(ssgp.coefficient_sd(m, 1.2, kw["var_fixed"], 0, kw["var_beta"], draw["tau"], J))
     P = np.diag(sd ** -2.0) + Phi.T @ Phi / 0.16
