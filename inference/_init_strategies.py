@@ -18,7 +18,6 @@ itself. NUTS keeps ``INIT_STRATEGIES``: its initial point is NumPyro's, computed
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from functools import partial
 
@@ -31,7 +30,6 @@ from numpyro.distributions import transforms as T
 from numpyro.infer import init_to_median, init_to_sample, init_to_uniform
 
 from inference import host_draws as hd
-from inference.host_keys import threefry2x32
 
 # "uniform": unconstrained values uniform in (-2, 2); use it when the prior median is degenerate (a
 # Gamma(0.001, 0.001) precision has median ~1e-300: "median" starts SVI with an infinite noise variance).
@@ -42,19 +40,7 @@ INIT_STRATEGIES = {"prior": init_to_sample, "median": init_to_median, "uniform":
 Sampler = Callable[[np.ndarray, tuple, list], np.ndarray]
 
 
-def _uniform(keys: np.ndarray, shape: tuple, minval: float = 0.0, maxval: float = 1.0) -> np.ndarray:
-    """``jax.random.uniform(key, shape, float64, minval, maxval)`` for each key in ``keys`` (``(..., 2)``): 64
-    threefry bits per element (its flat index as the counter), the top 52 as the mantissa of a float in [1, 2),
-    minus 1, scaled onto [minval, maxval) and floored at minval."""
-    size = math.prod(shape)
-    index = np.arange(size, dtype=np.uint64)
-    k = np.asarray(keys, np.uint32)[..., None, :]
-    hi, lo = threefry2x32(k[..., 0], k[..., 1], (index >> np.uint64(32)).astype(np.uint32),
-                         (index & np.uint64(0xFFFFFFFF)).astype(np.uint32))
-    bits = (hi.astype(np.uint64) << np.uint64(32)) | lo.astype(np.uint64)
-    floats = ((bits >> np.uint64(12)) | np.float64(1.0).view(np.uint64)).view(np.float64) - 1.0
-    out = np.maximum(np.float64(minval), floats * (np.float64(maxval) - np.float64(minval)) + np.float64(minval))
-    return out.reshape(*np.shape(keys)[:-1], *shape)
+_uniform = hd.threefry_uniform   # jax.random.uniform(key, shape, float64, minval, maxval), per key
 
 
 def _gamma_one(keys: np.ndarray, alpha: np.ndarray, log_space: bool) -> np.ndarray:

@@ -76,12 +76,10 @@ def threefry_split(keys: np.ndarray, num: int = 2) -> np.ndarray:
     return np.stack([a, b], axis=-1)
 
 
-def threefry_normal(keys: np.ndarray, shape: tuple) -> np.ndarray:
-    """``jax.random.normal(key, shape)`` in float64 for each key in ``keys`` (shape ``(..., 2)``): shape
-    ``(..., *shape)``. JAX's recipe: 64 random bits per element (threefry-2x32 of the element's flat index as the
-    counter ``(hi, lo)``, the two output words as the high and low half), their top 52 bits as the mantissa of a
-    float in [1, 2), minus 1, mapped onto ``[nextafter(-1, 0), 1)``, then ``sqrt(2) erfinv(u)``. Equal to JAX's
-    up to the last bits of ``erfinv`` (SciPy's against XLA's polynomial)."""
+def threefry_bits(keys: np.ndarray, shape: tuple) -> np.ndarray:
+    """JAX's 64 random bits per element (default partitionable threefry-2x32) for each key in ``keys`` (shape
+    ``(..., 2)``), as uint64 of shape ``(..., *shape)``: threefry-2x32 of the element's flat index as the counter
+    ``(hi, lo)``, the two output words as the high and low half."""
     from inference.host_keys import threefry2x32
 
     size = int(np.prod(shape, dtype=np.int64))
@@ -90,10 +88,23 @@ def threefry_normal(keys: np.ndarray, shape: tuple) -> np.ndarray:
     hi, lo = threefry2x32(k[..., 0], k[..., 1], (index >> np.uint64(32)).astype(np.uint32),
                          (index & np.uint64(0xFFFFFFFF)).astype(np.uint32))
     bits = (hi.astype(np.uint64) << np.uint64(32)) | lo.astype(np.uint64)
-    floats = ((bits >> np.uint64(12)) | np.float64(1.0).view(np.uint64)).view(np.float64) - 1.0
-    low = np.nextafter(-1.0, 0.0)
-    u = np.maximum(low, floats * (1.0 - low) + low)
-    return (np.sqrt(2.0) * special.erfinv(u)).reshape(*np.shape(keys)[:-1], *shape)
+    return bits.reshape(*np.shape(keys)[:-1], *shape)
+
+
+def threefry_uniform(keys: np.ndarray, shape: tuple, minval: float = 0.0, maxval: float = 1.0) -> np.ndarray:
+    """``jax.random.uniform(key, shape, float64, minval, maxval)`` for each key in ``keys`` (``(..., 2)``), bit for
+    bit: the top 52 of ``threefry_bits`` as the mantissa of a float in [1, 2), minus 1, scaled onto
+    [minval, maxval) and floored at minval."""
+    floats = ((threefry_bits(keys, shape) >> np.uint64(12)) | np.float64(1.0).view(np.uint64)).view(np.float64) - 1.0
+    lo, hi = np.float64(minval), np.float64(maxval)
+    return np.maximum(lo, floats * (hi - lo) + lo)
+
+
+def threefry_normal(keys: np.ndarray, shape: tuple) -> np.ndarray:
+    """``jax.random.normal(key, shape)`` in float64 for each key in ``keys`` (shape ``(..., 2)``): shape
+    ``(..., *shape)``. JAX's recipe: ``threefry_uniform`` on ``[nextafter(-1, 0), 1)``, then ``sqrt(2)
+    erfinv(u)``. Equal to JAX's up to the last bits of ``erfinv`` (SciPy's against XLA's polynomial)."""
+    return np.sqrt(2.0) * special.erfinv(threefry_uniform(keys, shape, np.nextafter(-1.0, 0.0), 1.0))
 
 
 def _clipped_expit(z):

@@ -368,20 +368,6 @@ def fit_params(key, kw, num_steps, learning_rate=0.01, num_particles=4, schedule
 
 # --- draws from the fitted guide, on the host -------------------------------------------------------------------
 
-def _threefry_uniform(keys: np.ndarray, shape: tuple) -> np.ndarray:
-    """``jax.random.uniform(key, shape)`` in float64 for each key in ``keys`` (``(..., 2)`` words), bit for bit:
-    64 threefry bits per element (as ``inference.host_draws.threefry_normal``), the top 52 as the mantissa of a float
-    in [1, 2), minus 1."""
-    size = int(np.prod(shape, dtype=np.int64))
-    index = np.arange(size, dtype=np.uint64)
-    k = np.asarray(keys, np.uint32)[..., None, :]
-    hi, lo = host_keys.threefry2x32(k[..., 0], k[..., 1], (index >> np.uint64(32)).astype(np.uint32),
-                                    (index & np.uint64(0xFFFFFFFF)).astype(np.uint32))
-    bits = (hi.astype(np.uint64) << np.uint64(32)) | lo.astype(np.uint64)
-    floats = ((bits >> np.uint64(12)) | np.float64(1.0).view(np.uint64)).view(np.float64) - 1.0
-    return floats.reshape(*np.shape(keys)[:-1], *shape)
-
-
 def host_draws(params: dict, key, num_samples: int) -> tuple[dict, np.ndarray]:
     """Draws of (u, H[, sigma2]) from the fitted guide, hard switches b ~ Bern(rho), and log q(u, H[, sigma2]) at each,
     in NumPy. Draw ``i`` is seeded with ``split(key, num_samples)[i]``, split in four (u, H, b, sigma2), as the
@@ -396,7 +382,7 @@ def host_draws(params: dict, key, num_samples: int) -> tuple[dict, np.ndarray]:
         keys = hd.threefry_split(host_keys.words(host_keys.split(key, num_samples)), 4)
         eps_u = hd.threefry_normal(keys[:, 0], (m, r))
         eps_H = hd.threefry_normal(keys[:, 1], (p, m))
-        v = _threefry_uniform(keys[:, 2], (m,))
+        v = hd.threefry_uniform(keys[:, 2], (m,))
         eps_s = hd.threefry_normal(keys[:, 3], (p,))
     else:
         rng = np.random.default_rng(host_keys.words(key))

@@ -299,18 +299,10 @@ def host_uniform_labels(words, n: int, K: int) -> np.ndarray:
     bit, for the key data ``words`` (..., 2): shape (..., n). JAX's recipe: two keys ``split(key)``, 64 random bits
     per entry from each (``host_draws.threefry_normal``'s bits), offset = ((hi mod K) (2^64 mod K) + lo mod K) mod
     K. Entry e does not depend on n."""
-    from inference.host_draws import threefry_split
-    from inference.host_keys import threefry2x32
+    from inference.host_draws import threefry_bits, threefry_split
 
-    words = np.asarray(words, np.uint32)
-    halves = threefry_split(words)                                        # (..., 2, 2)
-    index = np.arange(n, dtype=np.uint64)
-    hi_c, lo_c = (index >> np.uint64(32)).astype(np.uint32), (index & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-
-    def bits(k):
-        hi, lo = threefry2x32(k[..., 0, None], k[..., 1, None], hi_c, lo_c)
-        return (hi.astype(np.uint64) << np.uint64(32)) | lo.astype(np.uint64)
-
+    halves = threefry_split(np.asarray(words, np.uint32))                 # (..., 2, 2)
+    bits = lambda k: threefry_bits(k, (n,))  # noqa: E731
     span = np.uint64(K)
     multiplier = np.uint64((2**32 % K) ** 2 % K)
     with np.errstate(over="ignore"):
