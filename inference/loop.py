@@ -299,17 +299,23 @@ def _optimiser_program(init: Kernel | None, step: Kernel, kind: str, residual: b
     single = num_restarts == 1
     start_fn = None if init is None else _optimiser_start_fn(init, num_restarts, start_from_key)
 
+    def every_restart(carry, keys, problem, budget):
+        max_iter, tol, tol_residual, _ = budget
+        one = _one_restart_step(step, StopRule(max_iter, tol, kind, tol_residual if residual else None))
+        return one(carry, keys, problem) if single else jax.vmap(one, in_axes=(0, 0, None))(carry, keys, problem)
+
+    # jitted inside the program so that the buffer's shapes (``eval_shape``) and the loop's body share one trace of
+    # the step (a nested jit's trace is cached by its argument types): tracing a large step twice cost 0.1-0.3 s
+    every = jax.jit(every_restart)
+
     def optimiser_run(carry, key, problem, budget, start):
-        max_iter, tol, tol_residual, limit = budget
-        rule = StopRule(max_iter, tol, kind, tol_residual if residual else None)
-        one = _one_restart_step(step, rule)
-        every = one if single else jax.vmap(one, in_axes=(0, 0, None))
+        limit = budget[3]
         keys = jax.random.split(key, num_restarts)
         if start_fn is not None:
             carry = jax.lax.cond(start, lambda: (start_fn(key, problem), *_flags(num_restarts)), lambda: carry)
         if single:
             carry, keys = jax.tree.map(lambda a: a[0], (carry, keys))
-        shapes = jax.eval_shape(every, carry, keys, problem)[1]
+        shapes = jax.eval_shape(every, carry, keys, problem, budget)[1]
         rows = _buffer_rows(shapes)
         buffer = empty_buffer(shapes, rows)
 
@@ -319,7 +325,7 @@ def _optimiser_program(init: Kernel | None, step: Kernel, kind: str, residual: b
 
         def body(loop):
             i, carry, buffer = loop
-            carry, info = every(carry, keys, problem)
+            carry, info = every(carry, keys, problem, budget)
             buffer = jax.tree.map(lambda b, x: jax.lax.dynamic_update_index_in_dim(b, x, i, 0), buffer, info)
             return i + 1, carry, buffer
 
@@ -434,6 +440,8 @@ def _sampler_program(init: Kernel | None, step: Kernel, collect: Callable, num_c
         state, info = jax.vmap(step, in_axes=(0, 0, None))(step_keys, state, problem)
         out = jax.vmap(collect)(collect_keys, state, info)
         return state, out
+
+    one = jax.jit(one)   # one trace of the step for the buffer's shapes and the loop's body (``_optimiser_program``)
 
     def sampler_run(state, key, problem, budget, start):
         num_warmup, thinning, total, t0, limit = budget
