@@ -221,26 +221,30 @@ def _shape_key(tree) -> tuple:
 _SHAPES: dict = {}
 
 
-def _start_shapes(init: Kernel, width: int, start_from_key: bool, key, problem, chains: bool = False):
+def _start_shapes(init: Kernel, width: int, start_from_key: bool, key, problem, chains: bool = False,
+                  sequential: bool = False):
     """The shapes and dtypes of every restart's (or chain's) strongly typed ``init`` state, traced abstractly
     once per kernel and problem shapes (kept, so a second fit traces nothing)."""
-    cache_key = (programs.program_key(init), width, start_from_key, chains, _shape_key((key, problem)))
+    cache_key = (programs.program_key(init), width, start_from_key, chains, sequential, _shape_key((key, problem)))
     if cache_key not in _SHAPES:
-        start = _sampler_start_fn(init, width) if chains else _optimiser_start_fn(init, width, start_from_key)
+        start = _sampler_start_fn(init, width, sequential) if chains else _optimiser_start_fn(init, width, start_from_key)
         _SHAPES[cache_key] = jax.eval_shape(start, key, problem)
         while len(_SHAPES) > 256:
             _SHAPES.pop(next(iter(_SHAPES)))
     return _SHAPES[cache_key]
 
 
+@programs.cached(maxsize=64)
 def _optimiser_start_fn(init: Kernel, num_restarts: int, start_from_key: bool):
-    """Every restart's ``init`` from ``key`` (strongly typed states with a leading restart axis)."""
+    """Every restart's ``init`` from ``key`` (strongly typed states with a leading restart axis); jitted and kept,
+    so that ``_start_shapes`` and the program's start share one trace of ``init`` (a nested jit's trace is cached
+    by its argument types)."""
 
     def start(key, problem):
         init_keys = key[None] if start_from_key else jax.random.split(key, num_restarts)
         return strongly_typed(jax.vmap(init, in_axes=(0, None))(init_keys, problem))
 
-    return start
+    return jax.jit(start, inline=True)
 
 
 def _one_restart_step(step: Kernel, rule: StopRule):
@@ -306,7 +310,7 @@ def _optimiser_program(init: Kernel | None, step: Kernel, kind: str, residual: b
 
     # jitted inside the program so that the buffer's shapes (``eval_shape``) and the loop's body share one trace of
     # the step (a nested jit's trace is cached by its argument types): tracing a large step twice cost 0.1-0.3 s
-    every = jax.jit(every_restart)
+    every = jax.jit(every_restart, inline=True)
 
     def optimiser_run(carry, key, problem, budget, start):
         limit = budget[3]
@@ -371,7 +375,8 @@ def sample_chains(init: Kernel, step: Kernel, problem: Any, key: jax.Array, *, n
     fresh = init_state is None
     program = _sampler_program(init if fresh else None, step, collect, num_chains, chains == "map")
     if fresh:
-        state = _zeros_like(_start_shapes(init, num_chains, False, key, problem, chains=True))
+        state = _zeros_like(_start_shapes(init, num_chains, False, key, problem, chains=True,
+                                              sequential=chains == "map"))
     else:
         state = strongly_typed(init_state)
     shown = progress_enabled(progress)
@@ -397,6 +402,7 @@ def sample_chains(init: Kernel, step: Kernel, problem: Any, key: jax.Array, *, n
 CHAINS = ("vmap", "map")
 
 
+@programs.cached(maxsize=64)
 def _sampler_start_fn(init: Kernel, num_chains: int, sequential: bool = False):
     """Every chain's ``init(split(k_init, num_chains)[c])``, ``k_init = split(key)[0]`` (strongly typed), batched
     (``vmap``) or one chain after another (``sequential``: ``lax.map``)."""
@@ -408,7 +414,7 @@ def _sampler_start_fn(init: Kernel, num_chains: int, sequential: bool = False):
             return strongly_typed(jax.lax.map(lambda k: init(k, problem), keys))
         return strongly_typed(jax.vmap(init, in_axes=(0, None))(keys, problem))
 
-    return start
+    return jax.jit(start, inline=True)   # kept and jitted: one trace of ``init`` (``_optimiser_start_fn``)
 
 
 @programs.cached(maxsize=64)
@@ -441,7 +447,7 @@ def _sampler_program(init: Kernel | None, step: Kernel, collect: Callable, num_c
         out = jax.vmap(collect)(collect_keys, state, info)
         return state, out
 
-    one = jax.jit(one)   # one trace of the step for the buffer's shapes and the loop's body (``_optimiser_program``)
+    one = jax.jit(one, inline=True)   # one trace of the step for the buffer's shapes and the loop's body (``_optimiser_program``)
 
     def sampler_run(state, key, problem, budget, start):
         num_warmup, thinning, total, t0, limit = budget
