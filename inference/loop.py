@@ -94,6 +94,19 @@ def _freeze(done, old, new):
     return jax.tree.map(lambda a, b: jnp.where(done, a, b), old, new)
 
 
+def _typed_like(old, new):
+    """``new`` with the dtypes of ``old`` (strongly typed), as ``_freeze`` would give them: a loop's carry keeps
+    its types."""
+
+    def like(a, b):
+        b = jnp.asarray(b)
+        if b.dtype == a.dtype and not getattr(b, "weak_type", False):
+            return b
+        return jax.lax.convert_element_type(b, a.dtype)
+
+    return jax.tree.map(like, old, new)
+
+
 def strongly_typed(tree):
     """``tree`` with every weakly typed numeric leaf (a Python scalar, ``jnp.asarray(0.0)``, ``x * 2.0`` of one)
     made strongly typed, values and dtypes unchanged. A kernel's ``init`` often returns weak leaves that its
@@ -247,15 +260,19 @@ def _optimiser_start_fn(init: Kernel, num_restarts: int, start_from_key: bool):
     return jax.jit(start, inline=True)
 
 
-def _one_restart_step(step: Kernel, rule: StopRule):
+def _one_restart_step(step: Kernel, rule: StopRule, single: bool = False):
     """One step of one restart with the stopping rule: ``(state, f, done, conv, it), k, problem -> (carry,
-    Info)``. A stopped restart (``done``) keeps its state, objective and step count."""
+    Info)``. A stopped restart (``done``) keeps its state, objective and step count. ``single``: the run's only
+    restart, which ``_optimiser_program``'s loop steps only while it has not stopped, so it is never frozen (the
+    per-leaf selects of ``_freeze`` were one XLA kernel per state leaf)."""
 
     def one(carry, k, problem):
         state, f, done, conv, it = carry
         new, info = step(jax.random.fold_in(k, it), state, problem)
         fired = rule.reached(f, info.objective, getattr(info, "residual", None)) & getattr(info, "may_stop", True)
         stop = fired | (it + 1 >= rule.max_iter)
+        if single:   # the loop steps a lone restart only while it runs: done is False here, nothing to freeze
+            return (_typed_like(state, new), _typed_like(f, info.objective), stop, conv | fired, it + 1), info
         state = _freeze(done, state, new)
         conv = conv | (~done & fired)
         f = jnp.where(done, f, info.objective)
@@ -305,7 +322,7 @@ def _optimiser_program(init: Kernel | None, step: Kernel, kind: str, residual: b
 
     def every_restart(carry, keys, problem, budget):
         max_iter, tol, tol_residual, _ = budget
-        one = _one_restart_step(step, StopRule(max_iter, tol, kind, tol_residual if residual else None))
+        one = _one_restart_step(step, StopRule(max_iter, tol, kind, tol_residual if residual else None), single)
         return one(carry, keys, problem) if single else jax.vmap(one, in_axes=(0, 0, None))(carry, keys, problem)
 
     # jitted inside the program so that the buffer's shapes (``eval_shape``) and the loop's body share one trace of
