@@ -380,3 +380,19 @@ def test_bad_vb_options_and_prediction_inputs_are_rejected():
     with pytest.raises(ValueError, match="NaN|nan|finite"):
         inference.fit("ssgp_lmm", dict(data, y=np.where(np.arange(len(data["y"])) == 0, np.nan, data["y"])),
                       "vb", seed=0)
+
+
+def test_the_run_program_is_compiled_for_compile_speed_where_sweeps_are_short():
+    """``vb.compiler_options``: XLA's backend optimisation off (``programs.ONE_SHOT``) for the demo's tables, whose
+    few dozen sweeps cost less than the optimisation's compile; XLA's default from Np m^2 > ``SMALL_SWEEP`` on."""
+    from inference import programs
+    from inference.ssgp import problem, vb
+
+    spec = zoo.get("ssgp_lmm")
+    data, _ = spec.default_data()
+    hyper = spec.default_hyper
+    cfg, _ = problem.setup(spec.inputs(data, hyper), hyper, "gaussian")
+    assert cfg.n_chunks * cfg.chunk * cfg.m**2 <= vb.SMALL_SWEEP
+    assert vb.compiler_options(cfg) == programs.ONE_SHOT
+    big = cfg._replace(m=50, n_chunks=cfg.n_chunks * 8)
+    assert vb.compiler_options(big) == programs.OPTIMISED

@@ -219,10 +219,20 @@ def run(cfg: Config, data: Data, *, max_iter=1000, tol=1e-6, warm_start=3, step_
                         tuple(float(v) for v in np.ravel(mu_lam_init)))
     k = kernel(program_config(cfg), settings)
     key = jax.random.key(0) if key is None else key
-    # XLA's default optimisation: the step is dense linear algebra and H-function grids, which level 0 runs three
-    # times slower while compiling them hardly faster (benchmarks/results.md, "opt_level")
     return run_until_converged(k.init, k.step, data, key, StopRule(int(max_iter), float(tol)), chunk=CHUNK,
-                               progress=progress, desc="ssgp vb", compiler_options=programs.OPTIMISED)
+                               progress=progress, desc="ssgp vb", compiler_options=compiler_options(cfg))
+
+
+SMALL_SWEEP = 2**17   # Np m^2 up to which a sweep is short enough to compile the run for compile speed
+
+
+def compiler_options(cfg: Config) -> dict:
+    """XLA options of the run program: ``programs.ONE_SHOT`` (backend optimisation off) where a sweep is short,
+    ``programs.OPTIMISED`` where it is long. A sweep's work grows as Np m^2 (the feature moments, O(Np m^2 d)):
+    level 0 compiles the run program much faster and runs each sweep about twice as slowly, which pays while a fit's
+    few dozen sweeps are short next to the compile (the demo's 256 x 10^2) and stops paying on large tables, whose
+    hundreds of long sweeps are the fit's cost (benchmarks/results.md, "ssgp_opt_level")."""
+    return programs.ONE_SHOT if cfg.n_chunks * cfg.chunk * cfg.m**2 <= SMALL_SWEEP else programs.OPTIMISED
 
 
 def state_dataset(cfg, st):
