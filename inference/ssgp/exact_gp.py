@@ -16,7 +16,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy.optimize import minimize
 
 
 def _kernel(Xa, Xb, ga, gb, log_sigma, log_lam, log_tau, var_fixed, with_group):
@@ -39,6 +38,10 @@ def _neg_log_marginal(params, X, y, g, var_fixed, with_group):
 
 def fit_exact_gp(X, y, group=None, *, var_fixed=100.0, restarts=3, seed=0):
     """Type-II ML fit; returns a dict with the scaling, the training data and the fitted hyperparameters."""
+    # here, not at the top: every ssgp fit imports this module (``inference._methods`` registers a paper's kernels by
+    # importing all of its modules), and scipy.optimize takes a tenth of a second to import
+    from scipy.optimize import minimize
+
     from zoo.ssgp import input_scaling
 
     X = np.asarray(X, dtype=np.float64)
