@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inference import programs
+from inference import host_keys, programs
 from inference._methods import Option
 from inference.distributed.inprocess import Carry, initial_carry, make_round
 from inference.distributed.protocol import Protocol, RunResult, tree_nbytes
@@ -280,9 +280,16 @@ def _with_server_key(init, step, seed_server=None, configure=None):
     return start, one
 
 
+def start_keys(key, num_restarts: int) -> np.ndarray:
+    """The words (R, 2) of every restart's start key as the loop makes them (``key`` itself for one restart,
+    ``split(key, R)`` for more), on the host (``inference.host_keys``): no program runs."""
+    words = host_keys.words(key)
+    return words[None] if num_restarts == 1 else host_keys.words(host_keys.split(key, num_restarts))
+
+
 def run_protocol(kernel: Kernel, shards, key, *, max_iter: int, num_restarts: int = 1, chunk: int = 50,
                  progress=None, server_key=None, seed_server=None, restart_keys=None, settings=None,
-                 configure=None) -> tuple[RunResult, np.ndarray]:
+                 configure=None, host_start=None) -> tuple[RunResult, np.ndarray]:
     """``max_iter`` rounds of ``kernel`` in process (``inference.loop.run_until_converged``; the objective
     never stops the rounds early). One run (``num_restarts=1``) starts from ``kernel.init(key)`` itself;
     restarts from ``split(key, num_restarts)``, or from ``restart_keys`` (one per restart) when given;
@@ -290,14 +297,23 @@ def run_protocol(kernel: Kernel, shards, key, *, max_iter: int, num_restarts: in
     every run's round-0 carry (``settings`` a pytree of arrays: runs that differ only in them share the
     program). Returns the ``RunResult`` of the kept run and every restart's final objective. Without
     ``restart_keys`` the start (every restart's ``init``, the server's key and settings) is part of the loop's
-    one program; with them, a program of its own."""
+    one program; with them, a program of its own.
+
+    ``host_start(keys, shards, server_key, settings)`` (optional; ``keys`` the words (R, 2) of ``start_keys``):
+    that same start, every restart's round-0 ``State`` with a leading restart axis, built on the host (NumPy),
+    or None where it cannot be (the program then starts the runs itself). Given and not None, the loop's program
+    holds no start: tracing, lowering and compiling the protocol's ``init`` and round-0 ``aggregate`` cost more
+    than building their values once on the host."""
     if restart_keys is None:
         init, step = _with_server_key(kernel.init, kernel.step, seed_server if server_key is not None else None,
                                       configure)
         problem = (shards, server_key, settings if configure is not None else None)
+        state = None if host_start is None else host_start(start_keys(key, num_restarts), shards, server_key,
+                                                            settings)
         run = run_until_converged(init, step, problem, key, StopRule(max_iter),
                                   num_restarts=num_restarts, chunk=chunk, progress=progress,
-                                  desc=kernel.protocol.name, start_from_key=num_restarts == 1)
+                                  desc=kernel.protocol.name, start_from_key=num_restarts == 1,
+                                  init_state=state)
     else:
         num_restarts = int(restart_keys.shape[0])
         state = _init_program(kernel.init)(restart_keys, shards)

@@ -67,11 +67,13 @@ from inference import host_draws as hd
 from inference import host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.distributed.audit import audited, message_spec
+from inference.distributed.inprocess import Carry
 from inference.distributed.protocol import Protocol
 from inference.hlcr.common import (
     GAMMA_UNIFORMS,
     TINY_LOG,
     gumbel_from_uniforms,
+    host_uniform_labels,
     log_dirichlet_from_uniforms,
     log_normaliser,
     log_prior_labels,
@@ -92,6 +94,7 @@ from inference.hlcr.federated import (
     run_protocol,
     split_by_agent,
 )
+from inference.hlcr.federated import State as FedState
 from zoo.hlcr import SPEC, pair_structure, resolve_hyper
 
 PRIORS = ("exact", "paper")
@@ -329,6 +332,59 @@ def set_rate(carry, gamma):
     return carry._replace(server=carry.server._replace(gamma=gamma), inbox=inbox)
 
 
+def host_start(cfg: Config, keys, shards: Shard, server_key, gamma):
+    """The in-process run's round-0 ``federated.State`` of every restart, with a leading restart axis, in NumPy:
+    the values ``protocol_kernel``'s ``init`` followed by ``_seed_server`` and ``set_rate`` give in the loop's
+    program (``federated.run_protocol``'s ``host_start``), so that program holds no start.
+
+    Restart r starts from the key words ``keys[r]``: ``k_agents, k_server = split(keys[r])``; agent i draws its
+    labels z ~ U{0..K-1} with ``randint(fold_in(fold_in(k_agents, 0), i), (P,), 0, K)``, bit for bit
+    (``common.host_uniform_labels``), where its ``z0`` gives none; its upload is the per-cluster sums
+    D_i^(k) = sum_{z_ij = k} G_ij / s^2, c_i^(k), N_i^(k) and m_i = 0; the round-0 ``aggregate`` takes the sum over
+    agents as is (rate 1), keeps psi uniform and broadcasts D = I/delta^2 + sum_i D_i, c, N, log psi, t = 0 and
+    the learning rate ``gamma``; the server's key is ``server_key`` (None: ``k_server``). The floating sums equal
+    the program's up to the order of summation.
+
+    None (the program then starts the runs itself, as it did before) where the keys are not JAX's default
+    threefry (``host_draws.threefry_native``: no bit-exact replay of ``randint``) or with ``dp_noise_scale > 0``:
+    the noisy start draws normal noise (erf_inv, replayed only up to its last bits) and projects the round-0 sums
+    onto the PSD cone (``eigh``), not worth a host copy for a variant the demo does not run."""
+    if cfg.dp_noise_scale > 0 or not hd.threefry_native():
+        return None
+    K, F = cfg.K, cfg.F
+    Gs, gs, mask, z0 = (np.asarray(a) for a in (shards.Gs, shards.gs, shards.mask, shards.z0))
+    J, P = mask.shape
+    R = keys.shape[0]
+    halves = hd.threefry_split(keys)                                        # (R, 2, 2): k_agents, k_server
+    k_agents = halves[:, 0]
+    round0 = hd.threefry_split(k_agents, 1)[:, 0]                            # fold_in(k_agents, 0)
+    a, b = host_keys.threefry2x32(round0[:, None, 0], round0[:, None, 1], np.zeros(J, np.uint32),
+                                  np.arange(J, dtype=np.uint32))             # fold_in(., i): (R, J)
+    drawn = host_uniform_labels(np.stack([a, b], -1), P, K)                  # (R, J, P)
+    z = np.where(z0 >= 0, z0, drawn).astype(np.int32)
+    onehot = (z[..., None] == np.arange(K)).astype(np.float64)               # (R, J, P, K)
+    D = np.einsum("rjpk,jpab->rjkab", onehot, Gs)                           # padding: zero statistics
+    c = np.einsum("rjpk,jpa->rjka", onehot, gs)
+    n = np.einsum("rjpk,jp->rjk", onehot, mask.astype(np.float64))
+    zero_f, zero_i = np.zeros((R, J)), np.zeros((R, J), np.int32)
+    msg = {"D": D, "c": c, "n": n, "m": np.zeros((R, J, K))}
+    states = AgentState(z, D, c, n, zero_i, zero_i, zero_f, np.full((R, J), cfg.dp_noise_scale))
+    S = {k: v.sum(1) for k, v in msg.items()}
+    log_psi = np.full((R, K), -np.log(K))
+    rate = np.full(R, gamma, np.float64)
+    if server_key is None:
+        skey = host_keys.wrap(halves[:, 1])
+    else:
+        skey = host_keys.wrap(np.broadcast_to(host_keys.words(server_key), (R, 2)))
+    server = ServerState(S["D"], S["c"], S["n"], S["m"], log_psi, np.zeros(R, np.int32), rate, skey)
+    bcast = {"D": np.eye(F) / cfg.delta**2 + S["D"], "c": S["c"], "n": S["n"], "log_psi": log_psi,
+             "t": np.zeros(R, np.int32), "gamma": rate}
+    inbox = {k: np.broadcast_to(v[:, None], (R, J, *v.shape[1:])) for k, v in bcast.items()}
+    carry = Carry(states, msg, inbox, server, np.ones((R, J), bool),
+                  np.zeros(R, jax.dtypes.canonicalize_dtype(jnp.int_)))
+    return FedState(carry, host_keys.wrap(k_agents))
+
+
 @programs.cached(maxsize=32)
 def kernel(cfg: Config, participation: float = 1.0, dropout: float = 0.0):
     """The FedHLCR kernel (``federated.protocol_kernel``) and its audit log, once per static configuration
@@ -401,7 +457,8 @@ def run_federated(agents, hyper: dict, key: jax.Array, *, max_iter: int = 20, ga
         kern, log = kernel(cfg._replace(gamma=None), float(participation), float(dropout))
         res, finals = run_protocol(kern, shards, key, max_iter=max_iter, num_restarts=num_restarts, chunk=chunk,
                                    progress=progress, server_key=server_key, seed_server=_seed_server,
-                                   restart_keys=restart_keys, settings=np.float64(gamma), configure=set_rate)
+                                   restart_keys=restart_keys, settings=np.float64(gamma), configure=set_rate,
+                                   host_start=lambda keys, sh, sk, g: host_start(cfg, keys, sh, sk, g))
     audit = audit_of(log, res)
     audit["objective_per_restart"] = [float(v) for v in finals]
     return res, index, audit
@@ -473,5 +530,5 @@ def run_fedgibbs(ctx: FitContext) -> Draws:
                  converged=False, n_iter=res.rounds)
 
 
-__all__ = ["AgentState", "Config", "ServerState", "kernel", "local_sweep", "make_protocol", "message_spec",
-           "run_federated", "set_rate", "table_counts"]
+__all__ = ["AgentState", "Config", "ServerState", "host_start", "kernel", "local_sweep", "make_protocol",
+           "message_spec", "run_federated", "set_rate", "table_counts"]
