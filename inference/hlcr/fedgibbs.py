@@ -45,7 +45,10 @@ the highest final log joint is kept.
 Initialisation (round 0): every agent draws z ~ U{1..K} (or takes ``z_init``) and uploads its sums; the server
 takes their sum as is (Algorithm 3's "t == 1" branch; its own first round against H = delta^2 I is a draw
 from the prior, i.e. a random initialisation too) and keeps psi uniform: ``init_server`` hands the round-0
-``aggregate`` its t = -1 as a host constant, so that round compiles no psi draw.
+``aggregate`` its t = -1 as a host constant, so that round compiles no psi draw. In process (``run_federated``)
+this start is built on the host in NumPy (``host_start``: the same labels bit for bit, the same sums up to
+rounding), so the compiled rounds hold no start; with ``dp_noise_scale > 0``, keys other than JAX's default
+threefry, or ``restart_keys``, it stays a JAX computation.
 
 Random numbers: an agent's round reads one block of uniforms laid out as ``gibbs.sweep``'s (each pair's Gumbel noise
 and table draw; ``common.step_uniforms``), the server's psi draw one block of its own
