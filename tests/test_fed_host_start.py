@@ -92,3 +92,9 @@ def test_a_run_from_the_host_start_follows_the_in_program_starts_label_path(monk
     program_res, _, _ = run()
     np.testing.assert_array_equal(np.asarray(host_res.states.z), np.asarray(program_res.states.z))
     np.testing.assert_allclose(host_res.history["log_joint"], program_res.history["log_joint"], rtol=1e-10)
+
+
+def test_keys_other_than_jaxs_default_threefry_keep_the_in_program_start(monkeypatch):
+    cfg = hf.Config(K, F, 1.0, 1.0, 2.0, None, True, "exact", 0.0)
+    monkeypatch.setattr(hf.hd, "threefry_native", lambda: False)
+    assert hf.host_start(cfg, fed.start_keys(jax.random.key(0), 1), tiny_shards(), None, 1.0) is None
