@@ -240,7 +240,8 @@ def _start_shapes(init: Kernel, width: int, start_from_key: bool, key, problem, 
     once per kernel and problem shapes (kept, so a second fit traces nothing)."""
     cache_key = (programs.program_key(init), width, start_from_key, chains, sequential, _shape_key((key, problem)))
     if cache_key not in _SHAPES:
-        start = _sampler_start_fn(init, width, sequential) if chains else _optimiser_start_fn(init, width, start_from_key)
+        start = (_sampler_start_fn(init, width, sequential) if chains
+                 else _optimiser_start_fn(init, width, start_from_key))
         _SHAPES[cache_key] = jax.eval_shape(start, key, problem)
         while len(_SHAPES) > 256:
             _SHAPES.pop(next(iter(_SHAPES)))
@@ -464,7 +465,8 @@ def _sampler_program(init: Kernel | None, step: Kernel, collect: Callable, num_c
         out = jax.vmap(collect)(collect_keys, state, info)
         return state, out
 
-    one = jax.jit(one, inline=True)   # one trace of the step for the buffer's shapes and the loop's body (``_optimiser_program``)
+    # one trace of the step for the buffer's shapes and the loop's body (``_optimiser_program``)
+    one = jax.jit(one, inline=True)
 
     def sampler_run(state, key, problem, budget, start):
         num_warmup, thinning, total, t0, limit = budget
