@@ -33,6 +33,7 @@ fit is stuck where it cannot be evaluated), or non-finite fitted parameters, dra
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -41,7 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 from numpyro import handlers
-from numpyro.infer import SVI, Trace_ELBO
+from numpyro.infer import SVI, Trace_ELBO, init_to_uniform
+from numpyro.infer import util as numpyro_util
 from numpyro.infer.autoguide import AutoGuide, AutoLowRankMultivariateNormal, AutoMultivariateNormal, AutoNormal
 from tqdm.auto import tqdm
 
@@ -67,15 +69,50 @@ def _check(options: dict) -> None:
                          f"got {options['guide']!r}")
 
 
+def _with_globals(fn, **names):
+    """``fn`` itself (its code, defaults and closure) with some of the module-level names it calls replaced: NumPyro's
+    own code run with one callee swapped, without touching its module (other threads keep NumPyro's)."""
+    copy = types.FunctionType(fn.__code__, {**fn.__globals__, **names}, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return copy
+
+
+def _prototype_as_initial(rng_key, model, *, prototype_params=None, **kwargs):
+    """What ``find_valid_initial_params`` returns, ``((params, potential energy, gradient), is_valid)``, with the
+    prototype's own unconstrained values as the initial params: nothing traced (no further candidate drawn, no
+    potential energy and no gradient evaluated); ``is_valid`` traced, so ``initialize_model`` does not look at it."""
+    return (prototype_params, jnp.zeros(()), prototype_params), jnp.asarray(True)
+
+
+# NumPyro's AutoGuide._setup_prototype (numpyro.infer.autoguide), whose initialize_model (numpyro.infer.util) calls
+# _prototype_as_initial instead of find_valid_initial_params: the autoguide's set-up from one trace of the model
+# (initialize_model's prototype trace, `_get_model_transforms`), for a guide whose initial locations are not used
+_setup_from_prototype = _with_globals(
+    AutoGuide._setup_prototype,
+    initialize_model=_with_globals(numpyro_util.initialize_model, find_valid_initial_params=_prototype_as_initial))
+
+
 class _SitesInModelOrder(AutoGuide):
     """An autoguide's initial locations in the model's site order, traced or not. NumPyro's set-up finds them with
     ``find_valid_initial_params``: eagerly one step, in the model's order; traced (inside our programs) through a
     ``lax.while_loop``, whose dict comes back with sorted keys. AutoContinuous guides pack their latent vector in
     that order, so without this the layout of ``auto_loc``/``auto_scale_tril``/``auto_cov_factor`` in the tree
-    would depend on where the guide was set up (sits between AutoContinuous and AutoGuide in the MRO)."""
+    would depend on where the guide was set up (sits between AutoContinuous and AutoGuide in the MRO).
+
+    ``prototype_only`` (``make_guide``): a guide for a program that gets its parameters from a state rather than
+    from the guide's initial locations (the Adam steps, the draws; each guide site's ``param`` is substituted):
+    NumPyro's set-up of the same sites, shapes, plates and constraint transforms, from one trace of the model
+    (``_setup_from_prototype``) instead of three (the prototype trace; ``find_valid_initial_params``'s candidate
+    and its potential energy with its gradient, all compiled away there). Its initial locations are the
+    prototype's values (``init_to_uniform``'s), not NumPyro's."""
+
+    prototype_only = False
 
     def _setup_prototype(self, *args, **kwargs):
-        super()._setup_prototype(*args, **kwargs)
+        if self.prototype_only:
+            _setup_from_prototype(self, *args, **kwargs)
+        else:
+            super()._setup_prototype(*args, **kwargs)
         self._init_locs = {name: self._init_locs[name] for name in self.prototype_trace if name in self._init_locs}
 
 
@@ -91,18 +128,55 @@ class _MultivariateNormal(AutoMultivariateNormal, _SitesInModelOrder):
     pass
 
 
-def make_guide(model, kind, init: str = "median", rank: int | None = None, strategies: dict = INIT_STRATEGIES):
+def make_guide(model, kind, init: str = "median", rank: int | None = None, strategies: dict = INIT_STRATEGIES,
+               prototype_only: bool = False):
     """The autoguide ``kind`` of ``model`` (its latent sites in the model's order) initialised by
     ``strategies[init]`` (NumPyro's strategies; ``_programs`` passes ``HOST_INIT_STRATEGIES``, the same initial
-    values), or ``kind`` itself when it is a guide function."""
+    values), or ``kind`` itself when it is a guide function. ``prototype_only``: set up from one trace of the
+    model, its initial locations not NumPyro's (``_SitesInModelOrder``), for programs that substitute its
+    parameters."""
     if callable(kind):
         return kind
-    init_loc_fn = strategies[init]
+    init_loc_fn = init_to_uniform if prototype_only else strategies[init]
     if kind == "normal":
-        return _Normal(model, init_loc_fn=init_loc_fn)
-    if kind == "lowrank":
-        return _LowRank(model, init_loc_fn=init_loc_fn, rank=rank)
-    return _MultivariateNormal(model, init_loc_fn=init_loc_fn)
+        guide = _Normal(model, init_loc_fn=init_loc_fn)
+    elif kind == "lowrank":
+        guide = _LowRank(model, init_loc_fn=init_loc_fn, rank=rank)
+    else:
+        guide = _MultivariateNormal(model, init_loc_fn=init_loc_fn)
+    guide.prototype_only = prototype_only
+    return guide
+
+
+def _model_after_guide(model, guide):
+    """``model`` as ``SVI.init`` traces it, after the guide (replayed on the guide's draws): there its trace serves
+    only to collect the model's own ``param`` and ``mutable`` sites (and to warn of discrete latent sites). An
+    autoguide's prototype trace, recorded by that guide call from a trace of the same model on the same
+    arguments, already shows whether there are any; where there are none, the model's trace would add nothing to
+    ``SVI.init``'s state or its constraint transforms, so it is not run. A guide function (no prototype) or a
+    model with such sites: the model itself."""
+
+    def model_(*args, **kwargs):
+        prototype = getattr(guide, "prototype_trace", None)
+        if prototype is None or any(
+                site["type"] in ("param", "mutable") or (site["type"] == "sample" and not site["is_observed"]
+                                                         and site["fn"].support.is_discrete)
+                for site in prototype.values()):
+            return model(*args, **kwargs)
+        return None
+
+    return model_
+
+
+def _svi_init(model, guide, optim, loss, key, kwargs) -> tuple[SVI, Any]:
+    """(``SVI(model, guide, optim, loss)``, its ``SVI.init(key, **kwargs)`` state): the state and the parameters'
+    constraint transforms (``SVI.constrain_fn``) NumPyro's ``init`` gives, with the model traced only where that
+    trace adds to them (``_model_after_guide``). ``SVI.init`` reads ``SVI.model`` only for that trace; the
+    updates read it afterwards, so it is the model itself once ``init`` has run."""
+    svi = SVI(_model_after_guide(model, guide), guide, optim, loss)
+    state = svi.init(key, **kwargs)
+    svi.model = model
+    return svi, state
 
 
 def draw_with_log_q(guide, params, key, model_kwargs) -> tuple[dict, jax.Array]:
@@ -162,17 +236,20 @@ def _programs(model, static: tuple, settings: tuple) -> SVIPrograms:
 
     o = dict(settings)
 
-    def fresh(arrays, key):
-        """A new guide and ``SVI`` and ``SVI.init(key)``: the Python-side set-up (autoguide prototype, initial
-        locations drawn with ``key``, the parameters' constraint transforms) is traced from this program's data.
-        Only ``init`` uses the initial state; elsewhere it is compiled away."""
+    def fresh(arrays, key, prototype_only=True):
+        """A new guide and ``SVI`` and ``SVI.init(key)`` (``_svi_init``): the Python-side set-up (autoguide
+        prototype, initial locations drawn with ``key``, the parameters' constraint transforms) is traced from this
+        program's data. Only ``init`` uses the initial state (``prototype_only=False``: NumPyro's initial
+        locations); the steps and the draws take their parameters from a state, so their guide is set up from one
+        trace of the model (``make_guide``'s ``prototype_only``) and their initial state is compiled away."""
         kwargs = {**dict(static), **arrays}
-        guide = make_guide(model, o["guide"], o["init"], o["rank"], HOST_INIT_STRATEGIES)
-        svi = SVI(model, guide, optax.adam(o["learning_rate"]), Trace_ELBO(num_particles=o["num_particles"]))
-        return svi, guide, kwargs, svi.init(key, **kwargs)
+        guide = make_guide(model, o["guide"], o["init"], o["rank"], HOST_INIT_STRATEGIES, prototype_only)
+        svi, state = _svi_init(model, guide, optax.adam(o["learning_rate"]),
+                               Trace_ELBO(num_particles=o["num_particles"]), key, kwargs)
+        return svi, guide, kwargs, state
 
     def init(key, arrays):
-        return fresh(arrays, key)[3]
+        return fresh(arrays, key, prototype_only=False)[3]
 
     def steps(state, arrays, first, num_steps):
         svi, _, kwargs, _ = fresh(arrays, jax.random.key(0))
