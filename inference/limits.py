@@ -267,27 +267,12 @@ def check_shards(data: Mapping[str, np.ndarray], options: Mapping[str, Any]) -> 
 
 @functools.lru_cache(maxsize=256)
 def _latent_of(model, static: tuple, arrays: tuple) -> int:
-    import jax
+    """``L`` from the model's abstract trace as ``inference.trees`` records it (``trees._structure``, seed 0, the
+    same key as ``trees.densities_ahead``'s), so a fit traces the model once for both."""
+    from inference.trees import _structure
 
-    from inference.trees import trace_model
-
-    found: list[int] = []
-
-    def count(arrays):
-        trace = trace_model(_Spec(model), {**dict(static), **arrays})
-        found.append(sum(math.prod(np.shape(s["value"])) for s in trace.values()
-                         if s["type"] == "sample" and not s.get("is_observed", False)))
-        return 0
-
-    jax.eval_shape(count, {k: jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for k, shape, dtype in arrays})
-    return found[0]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Spec:
-    """What ``trace_model`` reads of a spec."""
-
-    model: Any
+    structure = _structure(model, static, arrays, (), 0)
+    return sum(math.prod(s["shape"]) for s in structure.values() if s["type"] == "sample" and not s["is_observed"])
 
 
 def latent_size(spec, data: Mapping[str, np.ndarray], hyper: Mapping[str, Any],
@@ -301,7 +286,7 @@ def latent_size(spec, data: Mapping[str, np.ndarray], hyper: Mapping[str, Any],
 
     inputs = spec.inputs(dict(data), dict(hyper)) if model_kwargs is None else model_kwargs
     arrays, static = split_arguments(dict(inputs))
-    shapes = tuple(sorted((k, np.shape(v), np.result_type(v).str) for k, v in arrays.items()))
+    shapes = tuple(sorted((k, tuple(np.shape(v)), np.result_type(v).str) for k, v in arrays.items()))
     try:
         hash((spec.model, static))
         count = _latent_of
