@@ -22,9 +22,13 @@ one the host implements (``host_plan``: identity, exp, softplus, sigmoid, affine
 ``host_draws`` replays its seeded draws and log q in NumPy from the fitted locations and scales. NumPyro's
 autoguides set themselves up on their first call from that call's data (the prototype trace, the initial locations,
 the constraint transforms), so each program builds its own guide and ``SVI`` inside its trace: a guide object kept
-between fits would carry the first fit's data into the next. ``init="median"`` is NumPyro's ``init_to_median`` with
-its prior draws made on the host (``inference._init_strategies.init_to_median_on_host``: the same initial point,
-without JAX's samplers compiled into the initialisation).
+between fits would carry the first fit's data into the next. Only the initialisation needs NumPyro's whole set-up
+(three traces of the model: its prototype, then ``find_valid_initial_params``'s candidate and its potential energy
+with its gradient); the steps and the draws, whose parameters come from a state, set their guide up from the
+prototype trace alone (``_SitesInModelOrder.prototype_only``), and ``SVI.init`` does not replay the model where
+the prototype shows it has no ``param`` or ``mutable`` site of its own (``_svi_init``). ``init="median"`` is
+NumPyro's ``init_to_median`` with its prior draws made on the host (``inference._init_strategies.
+init_to_median_on_host``: the same initial point, without JAX's samplers compiled into the initialisation).
 
 A fit that cannot be evaluated is a ``NonFiniteError`` with advice (lower ``learning_rate``, another ``guide`` or
 ``init``), never NumPyro's argument validation: the ELBO estimate non-finite at every step of the last 5 % (the
@@ -80,7 +84,15 @@ def _with_globals(fn, **names):
 def _prototype_as_initial(rng_key, model, *, prototype_params=None, **kwargs):
     """What ``find_valid_initial_params`` returns, ``((params, potential energy, gradient), is_valid)``, with the
     prototype's own unconstrained values as the initial params: nothing traced (no further candidate drawn, no
-    potential energy and no gradient evaluated); ``is_valid`` traced, so ``initialize_model`` does not look at it."""
+    potential energy and no gradient evaluated); ``is_valid`` traced, so ``initialize_model`` does not look at it.
+
+    The NumPyro internals this leans on (numpyro 0.22): ``AutoGuide._setup_prototype`` calls ``initialize_model``
+    (from ``numpyro.infer.util``), which calls ``find_valid_initial_params(rng_key, model, ...,
+    prototype_params=...)`` with the unconstrained values of its prototype trace and reads only the returned
+    ``(init_params, pe, grad), is_valid``; the guide keeps ``init_params`` as its initial locations (shapes and
+    dtypes, which are the prototype's). ``_setup_from_prototype`` runs both functions' own code with this one
+    callee swapped (``_with_globals``). Guarded by ``tests/test_svi_programs.py`` (fits equal to NumPyro's
+    ``SVI.run`` with every guide; the set-up's structure equal to NumPyro's)."""
     return (prototype_params, jnp.zeros(()), prototype_params), jnp.asarray(True)
 
 
