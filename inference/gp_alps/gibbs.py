@@ -171,18 +171,21 @@ def _swap(key, state, group):
 
 def run(key, pb: Problem, learn, num_chains=2, num_warmup=1000, num_samples=2000, collapsed=True, swap=True,
         paper_conditional=False, thinning=1, progress=None):
-    """``num_chains`` chains (vmapped) through ``inference.loop.sample_chains``; returns (State, Info) with leading
-    (chain, draw) axes, warm-up dropped."""
+    """``num_chains`` chains through ``inference.loop.sample_chains``, one after another in each step
+    (``chains="map"``: a sweep is a sequence of small per-latent updates, which batching the chains does not speed
+    up, while the batched program compiled slower; benchmarks/results.md, "compile_cold" session 17); returns
+    (State, Info) with leading (chain, draw) axes, warm-up dropped."""
     k = kernel(Flags(bool(learn), bool(collapsed), bool(swap), bool(paper_conditional)))
     kept, _ = sample_chains(k.init, k.step, pb, key, num_chains=num_chains, num_warmup=num_warmup,
-                            num_samples=num_samples, thinning=thinning, progress=progress, desc="gp_alps gibbs")
+                            num_samples=num_samples, thinning=thinning, progress=progress, desc="gp_alps gibbs",
+                            chains="map")
     return kept
 
 
 @register_method("gibbs", kind="sampler", models=("gp_alps",), options={
     "num_warmup": Option(1000, "nonnegative_int", "sweeps dropped at the start of every chain", tiny=20),
     "num_samples": Option(2000, "positive_int", "sweeps kept per chain", tiny=20),
-    "num_chains": Option(2, "positive_int", "independent chains (vmapped)"),
+    "num_chains": Option(2, "positive_int", "independent chains (run one after another in each sweep)"),
     "collapsed": Option(True, "bool", "G1 switch moves with u_j integrated out (False: the paper's App. C sweep)"),
     "swap": Option(True, "bool", "the G3 move permuting exchangeable (identical-kernel) latents"),
 })
