@@ -518,9 +518,11 @@ SETTINGS = ZooSettings(
     tiny_sizes={"setup": "square_wave", "n": 20},
     demo_sizes={"setup": "square_wave", "n": 60},
     # Exact samplers long enough for R-hat < 1.01 and ESS >= 400 on every summary; Gibbs mixes slowly on |H| of
-    # an active latent, hence its many sweeps (the run lengths tried: benchmarks/results.md, run_lengths).
+    # an active latent, hence its many sweeps (the run lengths tried: benchmarks/results.md, run_lengths), kept
+    # thinned: its autocorrelation runs over hundreds of sweeps, so every 30th of 2 x 120,000 sweeps is kept (8,000
+    # draws in the tree, not 240,000, whose log densities took a second).
     demo_options={"nuts": {"num_warmup": 500, "num_samples": 3000}, "svi": {"num_steps": 3000},
-                  "vbem": {"max_iter": 200}, "gibbs": {"num_warmup": 2000, "num_samples": 120000},
+                  "vbem": {"max_iter": 200}, "gibbs": {"num_warmup": 2000, "num_samples": 4000, "thinning": 30},
                   "svi_concrete": {"num_steps": 3000}},
     reference_options={"num_warmup": 1000, "num_samples": 2000, "num_chains": 4, "target_accept_prob": 0.9,
                        "kernels": "square_wave", "theta": 0.5, "s": 1.0, "sigma2": None, "a0": 2.0, "b0": 0.1,

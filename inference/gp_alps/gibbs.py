@@ -186,6 +186,7 @@ def run(key, pb: Problem, learn, num_chains=2, num_warmup=1000, num_samples=2000
     "num_warmup": Option(1000, "nonnegative_int", "sweeps dropped at the start of every chain", tiny=20),
     "num_samples": Option(2000, "positive_int", "sweeps kept per chain", tiny=20),
     "num_chains": Option(2, "positive_int", "independent chains (run one after another in each sweep)"),
+    "thinning": Option(1, "positive_int", "keep every thinning-th sweep"),
     "collapsed": Option(True, "bool", "G1 switch moves with u_j integrated out (False: the paper's App. C sweep)"),
     "swap": Option(True, "bool", "the G3 move permuting exchangeable (identical-kernel) latents"),
 })
@@ -195,7 +196,7 @@ def run_gibbs(ctx: FitContext) -> Draws:
     o = ctx.options
     pb, learn = problem(ctx)
     states, infos = run(ctx.key, pb, learn, o["num_chains"], o["num_warmup"], o["num_samples"], o["collapsed"],
-                        o["swap"], progress=o["progress"])
+                        o["swap"], thinning=o["thinning"], progress=o["progress"])
     post = {"u": np.asarray(states.u), "H": np.asarray(states.H), "b": np.asarray(states.b).astype(np.int8)}
     if learn:
         post["sigma2"] = 1.0 / np.asarray(states.tau)
