@@ -83,6 +83,34 @@ def test_fit_gibbs_returns_switch_draws():
     assert tree["posterior"]["b"].values[..., 0].mean() > 0.99
 
 
+
+def test_thinning_keeps_every_thinning_th_sweep_of_the_same_chains():
+    """``thinning`` selects sweeps inside the program: the same chains (same keys) as an unthinned run, every
+    3rd sweep after the warm-up kept (draw j is sweep num_warmup + 3 (j + 1) - 1)."""
+    data, _ = za.simulate(0, n=40)
+    kern = za.preset_kernels("square_wave")[:4]
+    opts = {"kernels": kern, "num_warmup": 10, "progress": False}
+    every = inference.fit("gp_alps", data, "gibbs", seed=3, num_samples=30, **opts)
+    thinned = inference.fit("gp_alps", data, "gibbs", seed=3, num_samples=10, thinning=3, **opts)
+    for site in ("H", "u", "b", "sigma2"):
+        np.testing.assert_allclose(thinned["posterior"][site].values, every["posterior"][site].values[:, 2::3],
+                                   rtol=1e-12, atol=1e-12)
+
+
+def test_real_data_sections_run_the_sweeps_they_state():
+    """A real-data section's options merge over the model's demo options (``diagnostics.planning``): a section that
+    sets the number of draws of a thinned demo sampler also sets its thinning, or it would inherit it (gp_alps's
+    demo thins by 30: diabetes4's 20,000 draws became 600,000 sweeps)."""
+    import zoo
+
+    for name in zoo.list_models():
+        spec = zoo.get(name)
+        for dataset, real in spec.real_datasets.items():
+            for method, own in real.demo_options.items():
+                demo = spec.settings.demo_options.get(method, {})
+                if demo.get("thinning", 1) != 1 and "num_samples" in own:
+                    assert "thinning" in own, (name, dataset, method)
+
 @pytest.mark.slow
 @pytest.mark.parametrize("collapsed", [True, False])
 def test_gibbs_full_square_wave_t3(collapsed):
