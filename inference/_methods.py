@@ -62,6 +62,7 @@ OPTION_CONSTRAINTS: dict[str, str] = {
     "max_tree_depth": "positive_int",
     "collapsed": "bool",
     "swap": "bool",
+    "rescale": "bool",
     "z_init": "any",
     "init": "string",
     "kernel": "string",

@@ -1,6 +1,7 @@
 """Gibbs samplers for GP-ALPS (inference/gp_alps/gibbs.py, notes §3.3-§3.4): collapsed (G1) and the
 paper's uncollapsed sweep with the corrected conditional hit the exact switch posterior (T3); the paper's
-printed conditional does not (E3); the swap move makes duplicate latents exchangeable (T9, E12)."""
+printed conditional does not (E3); the swap move makes duplicate latents exchangeable (T9, E12); the scale move
+keeps the prior of (H_.j, u_j) (the likelihood is constant along its orbits)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy import stats
 
 import inference
 from inference.gp_alps import gibbs as gb
@@ -64,13 +66,36 @@ def test_swap_move_permutes_only_identical_latents():
     group = jnp.array([0, 1, 1, 2, 1])
     seen = set()
     for k in range(20):
-        out = gb._swap(jax.random.key(k), state, group)
+        out = gb._swap(jax.random.uniform(jax.random.key(k), (5,)), state, group)
         b = np.asarray(out.b).astype(int)
         assert b[0] == 0 and b[3] == 3 and sorted(b[[1, 2, 4]]) == [1, 2, 4]
         np.testing.assert_array_equal(np.asarray(out.H)[0], b)      # columns move with their switches
         np.testing.assert_array_equal(np.asarray(out.u)[:, 0], 2 * b)
         seen.add(tuple(b))
     assert len(seen) > 1
+
+
+@pytest.mark.parametrize("p, r", [(1, 2), (4, 2)])
+def test_scale_move_keeps_the_prior(p, r):
+    """Where the likelihood is flat, the scale move must leave the prior of (H_.j, u_j) invariant: 20,000
+    independent prior draws (latents j, each moved on its own), moved 5 times, still have ||H_.j||^2 / s ~
+    chi2(p) and ||u_j||^2 ~ chi2(r) (Kolmogorov-Smirnov against SciPy), while the move did change them (most
+    proposals accepted, signs flipped half the time). A wrong Jacobian (|c|^(p - r) without the Haar 1/|c|, i.e.
+    lam = (p - r + 1)/2) fails at p < 1e-10."""
+    m, s = 20_000, 1.7
+    rng = np.random.default_rng(p)
+    H0, u0 = np.sqrt(s) * rng.standard_normal((p, m)), rng.standard_normal((m, r))
+    state = gb.State(u=jnp.asarray(u0), H=jnp.asarray(H0), b=jnp.zeros(m), tau=jnp.ones(p))
+    for _ in range(5):
+        normal, acc, sign = (jnp.asarray(x) for x in (rng.standard_normal(m), rng.uniform(size=m),
+                                                      rng.uniform(size=m)))
+        state = gb._rescale(state, s, normal, acc, sign)
+    H, u = np.asarray(state.H), np.asarray(state.u)
+    np.testing.assert_allclose(H * u.T[:1], H0 * u0.T[:1], rtol=1e-9)    # the products (likelihood) unchanged
+    assert np.mean(np.abs(H[0] / H0[0]) != 1.0) > 0.5
+    assert abs(np.mean(np.sign(H[0]) != np.sign(H0[0])) - 0.5) < 0.02                # c's sign a fair coin
+    assert stats.kstest(np.sum(H ** 2, axis=0) / s, stats.chi2(p).cdf).pvalue > 1e-3
+    assert stats.kstest(np.sum(u ** 2, axis=1), stats.chi2(r).cdf).pvalue > 1e-3
 
 
 @pytest.mark.slow  # ~25 s of compilation through fit (integration only; the statistics are tested above)
@@ -99,8 +124,8 @@ def test_thinning_keeps_every_thinning_th_sweep_of_the_same_chains():
 
 def test_real_data_sections_run_the_sweeps_they_state():
     """A real-data section's options merge over the model's demo options (``diagnostics.planning``): a section that
-    sets the number of draws of a thinned demo sampler also sets its thinning, or it would inherit it (gp_alps's
-    demo thins by 30: diabetes4's 20,000 draws became 600,000 sweeps)."""
+    sets the number of draws of a thinned demo sampler also sets its thinning, or it would inherit it (when
+    gp_alps's demo thinned by 30, diabetes4's 20,000 draws became 600,000 sweeps)."""
     import zoo
 
     for name in zoo.list_models():

