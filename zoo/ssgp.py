@@ -126,7 +126,8 @@ def _given_lam(lam, X, S, y, A, group, C, n_groups, likelihood, A_sigma, A_gamma
         if likelihood == "gaussian":
             numpyro.sample("y", dist.Normal(eta, gamma), obs=y)
         elif likelihood == "probit":  # logit of Phi(eta), computed stably: log Phi(eta) - log Phi(-eta)
-            numpyro.sample("y", dist.Bernoulli(logits=log_ndtr(eta) - log_ndtr(-eta)), obs=y)
+            log_phi = log_ndtr(jnp.stack([eta, -eta]))   # one log_ndtr in a compiled program, not two
+            numpyro.sample("y", dist.Bernoulli(logits=log_phi[0] - log_phi[1]), obs=y)
         else:
             numpyro.sample("y", dist.Bernoulli(logits=eta), obs=y)
 
