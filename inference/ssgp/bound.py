@@ -29,11 +29,26 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import cho_factor, cho_solve
-from jax.scipy.special import log_ndtr
 
 from inference.ssgp.hfunction import log_h
 
 LOG_2PI = math.log(2 * math.pi)
+LOG_NDTR_SERIES_BELOW = -20.0
+
+
+def log_ndtr(x):
+    """log Phi(x), the standard normal log CDF, with one erfc: t = Phi(-|x|) = erfc(|x|/sqrt 2)/2 (accurate in the
+    tail), log t for x < 0 and log1p(-t) for x >= 0; below x = -20, where t would underflow near -37, the
+    asymptotic series log Phi(x) = -x^2/2 - log(-x) - log(2 pi)/2 + log(1 - 1/x^2 + 3/x^4 - 15/x^6 + 105/x^8) (relative
+    error below 1e-12 there). ``jax.scipy.special.log_ndtr`` is as accurate but evaluates erf, erfc and both tails
+    on every element; the probit sweep holds three copies of this function, and each of its operations costs
+    compile time (benchmarks/results.md, "compile_cold" session 18). tests/test_ssgp_vb.py checks it against SciPy."""
+    t = 0.5 * jax.lax.erfc(jnp.abs(x) * (1.0 / math.sqrt(2.0)))
+    direct = jnp.where(x < 0, jnp.log(t), jnp.log1p(-t))
+    xs = jnp.minimum(x, LOG_NDTR_SERIES_BELOW)
+    r = 1.0 / (xs * xs)
+    series = -0.5 * xs * xs - jnp.log(-xs) - 0.5 * LOG_2PI + jnp.log1p(r * (-1.0 + r * (3.0 + r * (-15.0 + 105.0 * r))))
+    return jnp.where(x < LOG_NDTR_SERIES_BELOW, series, direct)
 
 
 def omega(xi):
