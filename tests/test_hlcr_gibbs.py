@@ -465,7 +465,8 @@ def test_dirichlet_draws_from_uniforms_have_scipys_mean_and_are_floored():
     import jax
     import scipy.stats
 
-    from inference.hlcr.common import GAMMA_UNIFORMS, TINY_LOG, log_dirichlet_from_uniforms, open_uniforms
+    from inference.hlcr.common import TINY_LOG, log_dirichlet_from_uniforms
+    from inference.uniforms import GAMMA_UNIFORMS, open_uniforms
 
     conc, S = np.array([0.4, 2.0, 7.0, 1e-5]), 20_000
     draw = jax.jit(lambda k: log_dirichlet_from_uniforms(open_uniforms(k, (GAMMA_UNIFORMS, S, 4)),

@@ -20,7 +20,6 @@ from jax.scipy.special import digamma, gammaln
 
 from inference.hlcr import gibbs as hg
 from inference.hlcr.common import (
-    GAMMA_TRIALS,
     at_once,
     conditional_keys,
     conditional_normals,
@@ -33,6 +32,7 @@ from inference.hlcr.common import (
     pair_data,
     sample_log_gamma,
 )
+from inference.uniforms import GAMMA_TRIALS
 from zoo.hlcr import model_inputs, simulate
 
 REL = 1e-14

@@ -35,14 +35,7 @@ from scipy.optimize import linear_sum_assignment
 
 from inference import host_draws
 from inference.loop import sample_chains
-from inference.uniforms import (  # noqa: F401  (GAMMA_UNIFORMS, open_uniforms: the hlcr kernels import them here)
-    GAMMA_TRIALS,
-    GAMMA_UNIFORMS,
-    box_muller,
-    log_gamma_from_uniforms,
-    log_gamma_mt,
-    open_uniforms,
-)
+from inference.uniforms import GAMMA_TRIALS, box_muller, log_gamma_from_uniforms, log_gamma_mt, open_uniforms
 from zoo.hlcr import LOG_2PI, resolve_hyper
 
 TINY_LOG = float(np.log(np.finfo(np.float64).tiny))

@@ -73,14 +73,12 @@ from inference.distributed.audit import audited, message_spec
 from inference.distributed.inprocess import Carry
 from inference.distributed.protocol import Protocol
 from inference.hlcr.common import (
-    GAMMA_UNIFORMS,
     TINY_LOG,
     gumbel_from_uniforms,
     host_uniform_labels,
     log_dirichlet_from_uniforms,
     log_normaliser,
     log_prior_labels,
-    open_uniforms,
     prior_logits,
     step_uniforms,
 )
@@ -98,6 +96,7 @@ from inference.hlcr.federated import (
     split_by_agent,
 )
 from inference.hlcr.federated import State as FedState
+from inference.uniforms import GAMMA_UNIFORMS, open_uniforms
 from zoo.hlcr import SPEC, pair_structure, resolve_hyper
 
 PRIORS = ("exact", "paper")

@@ -72,7 +72,6 @@ import numpy as np
 from inference import host_draws, host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.hlcr.common import (
-    GAMMA_UNIFORMS,
     Hyper,
     PairData,
     SamplerKernel,
@@ -93,6 +92,7 @@ from inference.hlcr.common import (
     run_label_chains,
     step_uniforms,
 )
+from inference.uniforms import GAMMA_UNIFORMS
 from zoo.hlcr import pair_structure
 
 PRIORS = ("exact", "paper")

@@ -65,7 +65,6 @@ import numpy as np
 from inference import host_draws, host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.hlcr.common import (
-    GAMMA_UNIFORMS,
     TINY_LOG,
     Hyper,
     SamplerKernel,
@@ -90,6 +89,7 @@ from inference.hlcr.common import (
     sample_log_dirichlet,
     step_uniforms,
 )
+from inference.uniforms import GAMMA_UNIFORMS
 
 
 class State(NamedTuple):
