@@ -148,11 +148,13 @@ def ssgp_case(rng):
                  n_chunks=1)
     cov = random_spd(rng, 2 * m + s, scale=0.4)
     z = np.zeros
-    st = vb.State(mu_lam=rng.standard_normal(d), Sig_lam=random_spd(rng, d, scale=0.3),
+    Sig_lam = random_spd(rng, d, scale=0.3)
+    st = vb.State(mu_lam=rng.standard_normal(d), Sig_lam=Sig_lam, P_lam=np.linalg.inv(Sig_lam),
                   mu_a=rng.standard_normal(2 * m), Sig_a=cov[:2 * m, :2 * m], mu_b=rng.standard_normal(s),
                   Sig_b=cov[2 * m:, 2 * m:], Sig_ab=cov[:2 * m, 2 * m:], C_sig=np.asarray(3.0),
                   C_tau=np.array([0.8]), C_gam=np.asarray(5.0), xi=z(40), EZ=z((40, 2 * m)), ZWZ=z((2 * m, 2 * m)),
-                  qz=z(40), bound=np.asarray(0.0), a=np.asarray(0.0), it=np.asarray(0), b=np.asarray(0.0), dC=z(2))
+                  qz=z(40), w=z(40), yt=z(40), logdet_cov=np.asarray(np.linalg.slogdet(cov)[1]), bound=np.asarray(0.0),
+                  a=np.asarray(0.0), it=np.asarray(0), b=np.asarray(0.0), dC=z(2))
     return cfg, st, cov
 
 

@@ -85,21 +85,29 @@ def h_terms(cfg, st, n) -> HTerms:
                         lh0[1 + g:], E[1 + g:])
 
 
-def pseudo(cfg, data, st, E_gamma=None):
-    """(w, yt): the weighted Gaussian pseudo-likelihood of the current factors (notes §3.1); LMM: ``E_gamma`` =
-    E[gamma^-2] at ``st`` (``h_terms``), computed here if not given."""
+def pseudo_terms(cfg, data, st, E_gamma=None):
+    """(w, yt, log_phi): the weighted Gaussian pseudo-likelihood of the current factors (notes §3.1) and, for
+    probit, log Phi(s_i mu_i) at the same mu (the bound's likelihood term, ``lower_bound``; None otherwise), so a
+    sweep evaluates ``log_ndtr`` once per state. LMM: ``E_gamma`` = E[gamma^-2] at ``st`` (``h_terms``), computed
+    here if not given."""
     if cfg.likelihood == "gaussian":
         if E_gamma is None:
             E_gamma = h_terms(cfg, st, data.n_obs).E_gamma
-        return data.mask * E_gamma, data.y
+        return data.mask * E_gamma, data.y, None
     if cfg.likelihood == "probit":
         mu = st.EZ @ st.mu_a + data.Af @ st.mu_b
         sgn = 2.0 * data.y - 1.0
+        log_phi = log_ndtr(sgn * mu)
         # inverse Mills ratio in log space (E9): s phi(mu) / Phi(s mu)
-        mills = sgn * jnp.exp(-0.5 * mu**2 - 0.5 * LOG_2PI - log_ndtr(sgn * mu))
-        return data.mask, mu + mills
+        mills = sgn * jnp.exp(-0.5 * mu**2 - 0.5 * LOG_2PI - log_phi)
+        return data.mask, mu + mills, log_phi
     om = omega(st.xi)
-    return data.mask * 2.0 * om, (data.y - 0.5) / (2.0 * om)
+    return data.mask * 2.0 * om, (data.y - 0.5) / (2.0 * om), None
+
+
+def pseudo(cfg, data, st, E_gamma=None):
+    """(w, yt) of ``pseudo_terms``."""
+    return pseudo_terms(cfg, data, st, E_gamma)[:2]
 
 
 def prior_prec_beta(cfg, data, E_tau):
@@ -118,6 +126,12 @@ def inv_spd(P):
     return cho_solve(c, jnp.eye(P.shape[0]))
 
 
+def inv_and_logdet_spd(P):
+    """(P^-1, log det P) from one Cholesky factor."""
+    c = cho_factor(P, lower=True)
+    return cho_solve(c, jnp.eye(P.shape[0])), 2.0 * jnp.sum(jnp.log(jnp.diagonal(c[0])))
+
+
 def eta_moments(cfg, data, st):
     """Per observation: E[f_i] = E[z_i]^T mu_a, (A mu_b)_i, a_i^T (Sigma_b + mu_b mu_b^T) a_i and the
     cross term E[z_i]^T Cov(alpha, beta) a_i; E[eta_i^2] = tr(E[z_i z_i^T] M) + 2 f re + 2 cross + aq."""
@@ -134,13 +148,17 @@ def joint_cov(st, xp=jnp):
     return xp.block([[st.Sig_a, st.Sig_ab], [st.Sig_ab.T, st.Sig_b]])
 
 
-def lower_bound(cfg, data, st):
+def lower_bound(cfg, data, st, mom=None, log_phi=None, logdet_cov=None):
     """The complete lower bound (notes §3.4) at ``st``: exact for any state of the family, with the
     E[.^-2](C - C_now) corrections when a C is not current (E14). Probit: at the optimal q(y*);
-    logit: the Jaakkola-Jordan bound at ``st.xi``."""
+    logit: the Jaakkola-Jordan bound at ``st.xi``.
+
+    A sweep passes what it already holds at ``st`` (``sweep._coefficients_and_scales``): ``mom`` (``h_terms``),
+    ``log_phi`` (probit's log Phi(s_i mu_i), ``pseudo_terms``) and ``logdet_cov`` (log det Cov_q(alpha, beta), from
+    the Cholesky factor of its precision), so its compiled program holds one copy of each; computed here if None."""
     m, d = cfg.m, cfg.d
     trM = jnp.trace(st.Sig_a) + st.mu_a @ st.mu_a
-    mom = h_terms(cfg, st, data.n_obs)
+    mom = h_terms(cfg, st, data.n_obs) if mom is None else mom
     L = m * math.log(m) - m * LOG_2PI + math.log(2 * cfg.A_sigma / math.pi) + \
         mom.lh_sigma + mom.E_sigma * (st.C_sig - 0.5 * m * trM)
     dl = st.mu_lam - data.mu_lam0
@@ -157,7 +175,8 @@ def lower_bound(cfg, data, st):
                      + mom.E_tau * (st.C_tau - 0.5 * ssq))
     # entropy of q(alpha, beta) (= the notes' 1/2 log|Sigma_a| + m(1 + log 2 pi) + beta entropy when the
     # factorisation is mean-field)
-    L += 0.5 * (2 * m + cfg.s) * (1.0 + LOG_2PI) + 0.5 * _logdet_spd(joint_cov(st))
+    logdet_cov = _logdet_spd(joint_cov(st)) if logdet_cov is None else logdet_cov
+    L += 0.5 * (2 * m + cfg.s) * (1.0 + LOG_2PI) + 0.5 * logdet_cov
     # likelihood part
     f, re, aq, cross = eta_moments(cfg, data, st)
     mask = data.mask
@@ -171,8 +190,8 @@ def lower_bound(cfg, data, st):
     sum_eta2 = jnp.sum(st.ZWZ * Mmat) + jnp.sum(mask * (2.0 * (f * re + cross) + aq))
     mu = f + re
     if cfg.likelihood == "probit":
-        sgn = 2.0 * data.y - 1.0
-        return L + jnp.sum(mask * log_ndtr(sgn * mu)) - 0.5 * (sum_eta2 - jnp.sum(mask * mu**2))
+        log_phi = log_ndtr((2.0 * data.y - 1.0) * mu) if log_phi is None else log_phi
+        return L + jnp.sum(mask * log_phi) - 0.5 * (sum_eta2 - jnp.sum(mask * mu**2))
     ssr = jnp.sum(mask * (data.y**2 - 2.0 * data.y * mu)) + sum_eta2
     n = data.n_obs
     return L - 0.5 * n * LOG_2PI + math.log(2 * cfg.A_gamma / math.pi) + \

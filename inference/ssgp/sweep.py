@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.scipy.linalg import cho_solve
 
-from inference.ssgp.bound import eta_moments, h_terms, inv_spd, lower_bound, prior_prec_beta, pseudo
+from inference.ssgp.bound import (eta_moments, h_terms, inv_and_logdet_spd, lower_bound, prior_prec_beta, pseudo,
+                                  pseudo_terms)
 from inference.ssgp.features import expectations, ncvmp_terms, quad_features
 
 INNER = 10  # CAVI passes over (alpha, beta, scales[, y*]) per lam step (``_coefficients_and_scales``)
@@ -40,10 +42,6 @@ INNER = 10  # CAVI passes over (alpha, beta, scales[, y*]) per lam step (``_coef
 def _exp_weights(cfg, data, w):
     """Weights of the cached E[Z^T W Z]: unweighted (mask) for LMM/probit, w for logit."""
     return w if cfg.likelihood == "logit" else data.mask
-
-
-def _is_pd(P):
-    return jnp.all(jnp.isfinite(jnp.linalg.cholesky(P)))
 
 
 def lam_terms(cfg, data, st, w, yt, f2_coef=-0.25):
@@ -60,23 +58,28 @@ def lam_terms(cfg, data, st, w, yt, f2_coef=-0.25):
 def lam_update(st, g, P, a):
     """NCVMP update of q(lam) with step a (notes §3.3, E16).
 
-    Precision: P_s = (1 - s) Sigma^-1 + s P with s = min(a, 1), shrunk s <- 2s/3 until positive definite;
-    Sigma <- P_s^-1. Mean: mu <- mu + a Sigma g. For a <= 1 this is the notes' natural-parameter damping. A
-    step a > 1 over-relaxes the mean only: the NCVMP curvature P holds alpha fixed, while alpha follows lam
-    within the same sweep, so the curvature along the path the sweep actually takes is much smaller and the
-    plain step (a = 1) crawls (1469 sweeps at n = 2000, m = 50). Returns (mu, Sigma, step used for the mean)."""
-    P_old = inv_spd(st.Sig_lam)
+    Precision: P_s = (1 - s) P_lam + s P with s = min(a, 1) (P_lam = Sigma^-1, kept in the state), shrunk
+    s <- 2s/3 until positive definite; Sigma <- P_s^-1 from the Cholesky factor that tested it. Mean:
+    mu <- mu + a Sigma g. For a <= 1 this is the notes' natural-parameter damping. A step a > 1 over-relaxes the
+    mean only: the NCVMP curvature P holds alpha fixed, while alpha follows lam within the same sweep, so the
+    curvature along the path the sweep actually takes is much smaller and the plain step (a = 1) crawls (1469
+    sweeps at n = 2000, m = 50). Returns (mu, Sigma, P_s, step used for the mean)."""
     s0 = jnp.minimum(a, 1.0)
 
-    def shrink(carry):
-        s_, _ = carry
-        s_new = jnp.where(s_ < 1e-8, 0.0, s_ * 2.0 / 3.0)
-        return s_new, (1.0 - s_new) * P_old + s_new * P
+    def blend(s_):
+        Ps = (1.0 - s_) * st.P_lam + s_ * P
+        Ps = 0.5 * (Ps + Ps.T)
+        return s_, Ps, jnp.linalg.cholesky(Ps)
 
-    s_used, Ps = jax.lax.while_loop(lambda c: (c[0] > 0) & ~_is_pd(c[1]), shrink, (s0, (1.0 - s0) * P_old + s0 * P))
-    Sig_new = jnp.where(s_used > 0, inv_spd(0.5 * (Ps + Ps.T)), st.Sig_lam)
+    def shrink(carry):
+        s_ = carry[0]
+        return blend(jnp.where(s_ < 1e-8, 0.0, s_ * 2.0 / 3.0))
+
+    s_used, Ps, L = jax.lax.while_loop(lambda c: (c[0] > 0) & ~jnp.all(jnp.isfinite(c[2])), shrink, blend(s0))
+    moved = s_used > 0
+    Sig_new = jnp.where(moved, cho_solve((L, True), jnp.eye(P.shape[0])), st.Sig_lam)
     a_used = jnp.where(s_used < s0, s_used, a)  # the PD guard bit: fall back to the damped step
-    return st.mu_lam + a_used * Sig_new @ g, Sig_new, a_used
+    return st.mu_lam + a_used * Sig_new @ g, Sig_new, jnp.where(moved, Ps, st.P_lam), a_used
 
 
 def lam_step(cfg, data, st, w, yt, a, f2_coef=-0.25):
@@ -95,18 +98,18 @@ def _refresh_xi(cfg, data, st):
 def sweep(cfg, data, st, a, f2_coef=-0.25, lam=None, b=0.0, pseudo_data=None):
     """One coordinate-ascent sweep with NCVMP step ``a`` (notes §3.3 steps 1-7) and its lower bound.
 
-    ``lam``: the (g, P) of ``lam_terms`` at ``st``, and ``pseudo_data`` its (w, yt) (``pseudo``), if already
-    computed. ``b`` > 0 also tries starting steps 4-7
-    from the coefficient scales extrapolated along their last change, (C_sigma, C_tau) + b dC, and keeps
+    ``lam``: the (g, P) of ``lam_terms`` at ``st``, if already computed; ``pseudo_data``: (w, yt) at ``st``
+    (default: ``st.w, st.yt``, which the sweep or ``init`` that made ``st`` left there). ``b`` > 0 also tries
+    starting steps 4-7 from the coefficient scales extrapolated along their last change, (C_sigma, C_tau) + b dC, and keeps
     whichever of the two sweeps ends with the higher bound (``b`` used, or 0). Both end with the exact CAVI
     update of every C, so the bound stays exact; the extrapolation only speeds up the slow EM-like drift of
     C_sigma (sigma is weakly identified: C_sigma crept by ~0.07 per sweep for hundreds of sweeps at n = 2000)."""
-    w, yt = pseudo(cfg, data, st) if pseudo_data is None else pseudo_data   # 1
+    w, yt = (st.w, st.yt) if pseudo_data is None else pseudo_data   # 1
     g, P = lam_terms(cfg, data, st, w, yt, f2_coef) if lam is None else lam
-    mu_lam, Sig_lam, a_used = lam_update(st, g, P, a)                 # 2
+    mu_lam, Sig_lam, P_lam, a_used = lam_update(st, g, P, a)          # 2
     EZ, ZWZ = expectations(cfg, data.X, _exp_weights(cfg, data, w), data.S, mu_lam, Sig_lam)  # 3
     st0 = st
-    st = st._replace(mu_lam=mu_lam, Sig_lam=Sig_lam, EZ=EZ, ZWZ=ZWZ, a=a_used)
+    st = st._replace(mu_lam=mu_lam, Sig_lam=Sig_lam, P_lam=P_lam, EZ=EZ, ZWZ=ZWZ, a=a_used)
     if isinstance(b, float) and b == 0.0:
         new = _coefficients_and_scales(cfg, data, st)._replace(b=jnp.asarray(0.0))
     else:
@@ -128,19 +131,32 @@ def _coefficients_and_scales(cfg, data, st):
     """Steps 4-7 of the sweep after q(lam) moved (E[Z], E[Z^T W Z] current), repeated ``INNER`` times for the
     Gaussian and probit models, then the lower bound: with q(lam) fixed, E[Z] and E[Z^T W Z] do not change, so
     each repeat costs O(n m s) instead of a sweep's O(n m^2), and it lets q(y*) (probit) and the scales catch up
-    with lam (the probit bound crept by ~0.004 per sweep for 300 sweeps with one pass)."""
+    with lam (the probit bound crept by ~0.004 per sweep for 300 sweeps with one pass).
+
+    One loop of passes + 1 rounds: each round evaluates the scale factors' moments (``h_terms``) and the
+    pseudo-data (``pseudo_terms``) at its state, then either runs a pass or, in the last round, takes the lower
+    bound with those same values and keeps the pseudo-data in the state for the next sweep's q(lam) step. So the
+    compiled sweep holds one quadrature grid and (probit) one ``log_ndtr``, not one per use."""
     # logit: xi needs the O(n m^2) tr(E[z z^T] M) per refresh: one pass
     passes = 1 if cfg.likelihood == "logit" else INNER
-    st = jax.lax.fori_loop(0, passes, lambda _, s: _coefficients_and_scales_once(cfg, data, s), st)
-    return st._replace(bound=lower_bound(cfg, data, st), it=st.it + 1)
+
+    def round_(k, s):
+        mom = h_terms(cfg, s, data.n_obs)
+        w, yt, log_phi = pseudo_terms(cfg, data, s, mom.E_gamma)    # probit: y* for the new E[Z]
+
+        def finish():
+            bound = lower_bound(cfg, data, s, mom=mom, log_phi=log_phi, logdet_cov=s.logdet_cov)
+            return s._replace(bound=bound, it=s.it + 1, w=w, yt=yt)
+
+        return jax.lax.cond(k < passes, lambda: _coefficients_and_scales_once(cfg, data, s, mom, w, yt), finish)
+
+    return jax.lax.fori_loop(0, passes + 1, round_, st)
 
 
-def _coefficients_and_scales_once(cfg, data, st):
-    """Steps 4-7 of the sweep after q(lam) moved (E[Z], E[Z^T W Z] current), one pass; the scale factors'
-    moments at the pass's start once (``h_terms``)."""
+def _coefficients_and_scales_once(cfg, data, st, mom, w, yt):
+    """Steps 4-7 of the sweep after q(lam) moved (E[Z], E[Z^T W Z] current), one pass from the scale factors'
+    moments ``mom`` and the pseudo-data (w, yt) at ``st``; keeps log det Cov_q(alpha, beta) for the bound."""
     m = cfg.m
-    mom = h_terms(cfg, st, data.n_obs)
-    w, yt = pseudo(cfg, data, st, mom.E_gamma)                        # probit: y* for the new E[Z]
     EZ, ZWZ = st.EZ, st.ZWZ
     Es = mom.E_sigma
     Eg = mom.E_gamma if cfg.likelihood == "gaussian" else 1.0
@@ -152,23 +168,24 @@ def _coefficients_and_scales_once(cfg, data, st):
         ZWA = EZ.T @ (w[:, None] * data.Af)
         prec = jnp.block([[m * Es * jnp.eye(2 * m) + ZWZ_w, ZWA],
                           [ZWA.T, jnp.diag(prior_prec_beta(cfg, data, mom.E_tau)) + AtWA]])
-        Sig = inv_spd(prec)
+        Sig, logdet_prec = inv_and_logdet_spd(prec)
         mu = Sig @ jnp.concatenate([EZ.T @ wy, data.Af.T @ wy])
         st = st._replace(mu_a=mu[:2 * m], mu_b=mu[2 * m:], Sig_a=Sig[:2 * m, :2 * m], Sig_b=Sig[2 * m:, 2 * m:],
-                         Sig_ab=Sig[:2 * m, 2 * m:])
+                         Sig_ab=Sig[:2 * m, 2 * m:], logdet_cov=-logdet_prec)
         if cfg.likelihood == "logit":  # 5 xi after the block
             st = _refresh_xi(cfg, data, st)
     else:
         # 4 q(alpha) (notes §3.2; E2: A mu_beta, not A^T mu_beta)
-        Sig_a = inv_spd(m * Es * jnp.eye(2 * m) + ZWZ_w)
+        Sig_a, logdet_prec_a = inv_and_logdet_spd(m * Es * jnp.eye(2 * m) + ZWZ_w)
         st = st._replace(mu_a=Sig_a @ (EZ.T @ (w * (yt - data.Af @ st.mu_b))), Sig_a=Sig_a)
         if cfg.likelihood == "logit":  # 5 xi_i^2 = E[eta_i^2]
             st = _refresh_xi(cfg, data, st)
             w, yt = pseudo(cfg, data, st, mom.E_gamma)
         # 6 q(beta)
         AtWA = data.Af.T @ (w[:, None] * data.Af) if cfg.likelihood == "logit" else data.AtA * Eg
-        Sig_b = inv_spd(jnp.diag(prior_prec_beta(cfg, data, mom.E_tau)) + AtWA)
-        st = st._replace(mu_b=Sig_b @ (data.Af.T @ (w * (yt - EZ @ st.mu_a))), Sig_b=Sig_b)
+        Sig_b, logdet_prec_b = inv_and_logdet_spd(jnp.diag(prior_prec_beta(cfg, data, mom.E_tau)) + AtWA)
+        st = st._replace(mu_b=Sig_b @ (data.Af.T @ (w * (yt - EZ @ st.mu_a))), Sig_b=Sig_b,
+                         logdet_cov=-logdet_prec_a - logdet_prec_b)  # Sigma_ab = 0: block-diagonal
     # 7 C_sigma, C_tau, C_gamma
     st = st._replace(C_sig=0.5 * m * (jnp.trace(st.Sig_a) + st.mu_a @ st.mu_a))
     if cfg.T > 0:

@@ -37,7 +37,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import xarray as xr
-from jax.scipy.linalg import cho_factor, cho_solve
 
 from inference import host_draws as hd
 from inference import programs
@@ -58,6 +57,7 @@ class State(NamedTuple):
     """Variational parameters and the cached expectations that go with them."""
     mu_lam: jax.Array   # (d,)
     Sig_lam: jax.Array  # (d, d)
+    P_lam: jax.Array    # (d, d)    Sig_lam^-1 (the NCVMP step blends it, ``sweep.lam_update``)
     mu_a: jax.Array     # (2m,)
     Sig_a: jax.Array    # (2m, 2m)
     mu_b: jax.Array     # (s,)
@@ -70,6 +70,9 @@ class State(NamedTuple):
     EZ: jax.Array       # (Np, 2m)  E[Z] under q(lam)
     ZWZ: jax.Array      # (2m, 2m)  E[Z^T W Z] (unweighted for LMM and probit)
     qz: jax.Array       # (Np,)     tr(E[z_i z_i^T] M) (logit)
+    w: jax.Array        # (Np,)     pseudo-data weights at this state (``bound.pseudo``), for the next q(lam) step
+    yt: jax.Array       # (Np,)     pseudo-responses at this state
+    logdet_cov: jax.Array  # ()     log det Cov_q(alpha, beta), from the last pass's Cholesky factor
     bound: jax.Array    # ()        lower bound after this state's sweep
     a: jax.Array        # ()        NCVMP step actually used in the last sweep
     it: jax.Array       # ()        sweeps done
@@ -115,7 +118,10 @@ def init(cfg, settings, key, problem):
     C_sigma = (m-1) v, C_gamma = (n/2 - 1) v/4 (v = var y; 1 for the binary models), C_tau = (J/2 - 1)/2,
     mu_alpha = 0, Sigma_alpha = Sigma_beta = 0.1 I, xi = 1. E[Z] and E[Z^T W Z] start at 0: the first sweep
     computes them before it reads them (``sweep`` step 3; the pseudo-data of its step 1 read E[Z] only through
-    E[Z] mu_alpha, with mu_alpha = 0), so the program does not hold a second copy of ``expectations``."""
+    E[Z] mu_alpha, with mu_alpha = 0), so the program does not hold a second copy of ``expectations``. The
+    pseudo-data (w, yt) at this state (``bound.pseudo``): probit's mu_i = 0 gives yt_i = s_i phi(0) / Phi(0) =
+    s_i sqrt(2 / pi) in closed form, so the program holds no second ``log_ndtr``; logdet_cov = log det of
+    Cov(alpha, beta) = 0.1 I."""
     m, d, n = cfg.m, cfg.d, problem.n_obs
     data = problem
     if cfg.likelihood == "gaussian":
@@ -126,13 +132,19 @@ def init(cfg, settings, key, problem):
     mu_lam = jnp.broadcast_to(jnp.asarray(settings.mu_lam_init, dtype=jnp.float64), (d,))
     Sig_lam = 0.5 * jnp.eye(d)
     Np = data.X.shape[0]
-    return State(mu_lam=mu_lam, Sig_lam=Sig_lam, mu_a=jnp.zeros(2 * m), Sig_a=0.1 * jnp.eye(2 * m),
-              mu_b=jnp.zeros(cfg.s), Sig_b=0.1 * jnp.eye(cfg.s), Sig_ab=jnp.zeros((2 * m, cfg.s)),
-              C_sig=jnp.maximum(m - 1.0, 0.5) * v,
-              C_tau=jnp.full(cfg.T, max(0.5 * (cfg.J / 2.0 - 1.0), 0.1)),
-              C_gam=jnp.maximum(n / 2.0 - 1.0, 0.5) * v / 4.0, xi=jnp.ones(Np), EZ=jnp.zeros((Np, 2 * m)),
-              ZWZ=jnp.zeros((2 * m, 2 * m)), qz=jnp.zeros(Np), bound=jnp.asarray(-jnp.inf), a=jnp.asarray(0.0),
-              it=jnp.asarray(0), b=jnp.asarray(0.0), dC=jnp.zeros(1 + cfg.T))
+    st = State(mu_lam=mu_lam, Sig_lam=Sig_lam, P_lam=2.0 * jnp.eye(d), mu_a=jnp.zeros(2 * m),
+               Sig_a=0.1 * jnp.eye(2 * m),
+               mu_b=jnp.zeros(cfg.s), Sig_b=0.1 * jnp.eye(cfg.s), Sig_ab=jnp.zeros((2 * m, cfg.s)),
+               C_sig=jnp.maximum(m - 1.0, 0.5) * v,
+               C_tau=jnp.full(cfg.T, max(0.5 * (cfg.J / 2.0 - 1.0), 0.1)),
+               C_gam=jnp.maximum(n / 2.0 - 1.0, 0.5) * v / 4.0, xi=jnp.ones(Np), EZ=jnp.zeros((Np, 2 * m)),
+               ZWZ=jnp.zeros((2 * m, 2 * m)), qz=jnp.zeros(Np), w=data.mask, yt=data.y,
+               logdet_cov=jnp.asarray((2 * m + cfg.s) * math.log(0.1)), bound=jnp.asarray(-jnp.inf),
+               a=jnp.asarray(0.0), it=jnp.asarray(0), b=jnp.asarray(0.0), dC=jnp.zeros(1 + cfg.T))
+    if cfg.likelihood == "probit":
+        return st._replace(yt=(2.0 * data.y - 1.0) * math.sqrt(2.0 / math.pi))
+    w, yt = pseudo(cfg, data, st)
+    return st._replace(w=w, yt=yt)
 
 
 def step(cfg, settings, key, st, data):
@@ -152,7 +164,7 @@ def step(cfg, settings, key, st, data):
     else:
         a_try = jnp.where(st.it < warm_start, 0.0, 1.0)
     b_try = jnp.where(backtrack & (st.it > warm_start), jnp.minimum(GROW * jnp.maximum(st.b, 0.5), B_MAX), 0.0)
-    w, yt = pseudo(cfg, data, st)
+    w, yt = st.w, st.yt
     lam = lam_terms(cfg, data, st, w, yt)
 
     def cond(c):
@@ -169,7 +181,7 @@ def step(cfg, settings, key, st, data):
     # an over-relaxed lam step can jump across the maximum and land on an almost equal bound, so a small
     # change of L alone does not mean convergence: the lam mean must also have stopped moving
     dmu = new.mu_lam - st.mu_lam
-    lam_moved = jnp.sqrt(dmu @ cho_solve(cho_factor(new.Sig_lam, lower=True), dmu))
+    lam_moved = jnp.sqrt(dmu @ new.P_lam @ dmu)
     return new, Info(new.bound, new.a, n_tries, (new.it > warm_start + 2) & (lam_moved < LAM_TOL))
 
 
