@@ -118,13 +118,24 @@ def sweep(cfg, data, st, a, f2_coef=-0.25, lam=None, b=0.0, pseudo_data=None):
         C = jnp.concatenate([st.C_sig[None], st.C_tau])
         C_ext = C + b * st.dC
         C_ext = jnp.where(C_ext > 0.5 * C, C_ext, C)                  # keep the scales positive
-        both = jax.lax.map(lambda c: _coefficients_and_scales(cfg, data, st._replace(C_sig=c[0], C_tau=c[1:])),
-                           jnp.stack([C, C_ext]))
-        use = both.bound[1] > both.bound[0]
+        # the map returns only the fields steps 4-7 change: each returned field costs the program a stacking
+        # update in the loop and a slice after it
+        def start(c):
+            out = _coefficients_and_scales(cfg, data, st._replace(C_sig=c[0], C_tau=c[1:]))
+            return {k: getattr(out, k) for k in _changed_fields(cfg)}
+
+        both = jax.lax.map(start, jnp.stack([C, C_ext]))
+        use = both["bound"][1] > both["bound"][0]
         pick = use.astype(jnp.int32)
-        new = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, pick, keepdims=False), both)
-        new = new._replace(b=jnp.where(use, b, 0.0))
+        new = st._replace(**{k: jax.lax.dynamic_index_in_dim(x, pick, keepdims=False) for k, x in both.items()},
+                          it=st.it + 1, b=jnp.where(use, b, 0.0))
     return new._replace(dC=jnp.concatenate([new.C_sig[None] - st0.C_sig, new.C_tau - st0.C_tau]))
+
+
+def _changed_fields(cfg):
+    """The state fields ``_coefficients_and_scales`` changes (besides ``it``)."""
+    return (("mu_a", "Sig_a", "mu_b", "Sig_b", "Sig_ab", "C_sig", "C_tau", "w", "yt", "logdet_cov", "bound")
+            + (("C_gam",) if cfg.likelihood == "gaussian" else ()) + (("xi", "qz") if cfg.likelihood == "logit" else ()))
 
 
 def _coefficients_and_scales(cfg, data, st):
