@@ -66,16 +66,18 @@ def lam_update(st, g, P, a):
     sweeps at n = 2000, m = 50). Returns (mu, Sigma, P_s, step used for the mean)."""
     s0 = jnp.minimum(a, 1.0)
 
-    def blend(s_):
+    def blend(carry):  # the first round tries s0, each later one 2/3 of the last s (0 below 1e-8)
+        k, s_, _, _ = carry
+        s_ = jnp.where(k == 0, s_, jnp.where(s_ < 1e-8, 0.0, s_ * 2.0 / 3.0))
         Ps = (1.0 - s_) * st.P_lam + s_ * P
         Ps = 0.5 * (Ps + Ps.T)
-        return s_, Ps, jnp.linalg.cholesky(Ps)
+        return k + 1, s_, Ps, jnp.linalg.cholesky(Ps)
 
-    def shrink(carry):
-        s_ = carry[0]
-        return blend(jnp.where(s_ < 1e-8, 0.0, s_ * 2.0 / 3.0))
+    def again(carry):
+        k, s_, _, L = carry
+        return (k == 0) | ((s_ > 0) & ~jnp.all(jnp.isfinite(L)))
 
-    s_used, Ps, L = jax.lax.while_loop(lambda c: (c[0] > 0) & ~jnp.all(jnp.isfinite(c[2])), shrink, blend(s0))
+    _, s_used, Ps, L = jax.lax.while_loop(again, blend, (0, s0, P, P))
     moved = s_used > 0
     Sig_new = jnp.where(moved, cho_solve((L, True), jnp.eye(P.shape[0])), st.Sig_lam)
     a_used = jnp.where(s_used < s0, s_used, a)  # the PD guard bit: fall back to the damped step
