@@ -16,7 +16,7 @@ import numpy as np
 from inference.hlcr import federated
 from inference.hlcr import fedgibbs as hf
 from inference.hlcr import gibbs as hg
-from inference.hlcr.common import make_hyper, pair_data
+from inference.hlcr.common import make_config, pair_data
 from zoo.hlcr import model_inputs, simulate, split_events
 
 SMALL = os.environ.get("BENCH_FEDHLCR_SMALL", "0") == "1"
@@ -80,7 +80,7 @@ def main(h) -> None:
     train, _, _ = dataset(0)
     agents = federated.split_by_agent(train)
     pdat = pair_data(model_inputs(train, {**HYPER, "alpha": None, "beta": 1.0}))
-    hyper = make_hyper({**HYPER, "alpha": None, "beta": 1.0}, len(agents))
+    hyper = make_config({**HYPER, "alpha": None, "beta": 1.0}, len(agents))
     key = jax.random.key(0)
     n = 20
 

@@ -19,7 +19,7 @@ import numpy as np
 import zoo
 from inference import fit
 from inference.hlcr import gibbs as hg
-from inference.hlcr.common import make_hyper, pair_data
+from inference.hlcr.common import make_config, pair_data
 from zoo.hlcr import model_inputs, pair_structure
 
 SMALL = os.environ.get("HLCR_BENCH_SMALL", "0") == "1"
@@ -31,7 +31,7 @@ def _problem(n_agents, n_events, K, F, sigma=0.5, seed=0):
     hyper = {"K": K, "alpha": float(K), "beta": 1.0, "delta": 1.0, "sigma": sigma}
     inp = model_inputs(data, hyper)
     pdat = pair_data(inp)
-    H = make_hyper(hyper, inp["n_agents"])
+    H = make_config(hyper, inp["n_agents"])
     ps = pair_structure(data["agent"], data["entity"])
     events = hg.events_by_pair(data["X"], data["y"], ps["pair"], ps["n_pairs"])
     return data, pdat, H, events

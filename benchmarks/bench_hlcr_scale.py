@@ -96,14 +96,14 @@ def one(method, n_events, mode, sigma=SIGMA):
     from inference._timing import Stopwatch
     from inference.hlcr import gibbs as hg
     from inference.hlcr import gibbs_blocked as gb
-    from inference.hlcr.common import make_hyper, pair_data
+    from inference.hlcr.common import make_config, pair_data
     from zoo.hlcr import model_inputs, summaries
 
     data, z_true = scale_data(n_events, sigma)
     hyper_d = {"K": K, "alpha": float(K), "beta": 1.0, "delta": 1.0, "sigma": sigma}
     inputs = model_inputs(data, hyper_d)
     problem = hg.Problem(pair_data(inputs)) if method == "gibbs" else gb.problem_from_inputs(inputs)
-    hyper = make_hyper(hyper_d, inputs["n_agents"])
+    hyper = make_config(hyper_d, inputs["n_agents"])
     out = {"events": len(data["y"]), "pairs": int(inputs["g"].shape[0]), "peak_after_data_gb": _peak_gb()}
     sweeps, warm, kept, burn = PLAN[method][n_events] if sigma == SIGMA else (None, 200, 2000, 1000)
     key = jax.random.key(0)

@@ -1,12 +1,14 @@
 """The one loop that runs every hand-written kernel (the blackjax shape: kernels never loop themselves).
 
-A kernel is a module with NamedTuples ``State`` and ``Info`` and pure functions
+A kernel follows the typed contract of ``inference.base``: a cached factory ``kernel(config) -> Kernel`` of
+pure functions, the key first,
 
 * ``init(key, problem) -> State``;
 * ``step(key, state, problem) -> (State, Info)``, where ``Info.objective`` is the quantity the kernel
   reports at the state it returns (the bound / ELBO of a variational step, the log likelihood of an EM
   step, the log joint of a Gibbs sweep): **one name everywhere**;
-* for variational kernels ``draw(key, state, n) -> (draws, log_q)``.
+* for variational kernels ``draw(seed, state, num_samples, ...) -> (draws, log_q)`` (on the host); for samplers
+  ``collect(key, state, info)`` and ``chains``.
 
 ``problem`` is a pytree of arrays (the data and hyperparameters the kernel needs) and static numbers
 closed over by the kernel's functions; it is passed as an argument, never closed over, so data sets of the
@@ -47,9 +49,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from inference import host_keys, programs
+from inference.base import Init, Step
 from inference.progress import progress_enabled
-
-Kernel = Callable[..., Any]
 
 
 class StopRule(NamedTuple):
@@ -126,7 +127,7 @@ def strongly_typed(tree):
 
     return jax.tree.map(strong, tree)
 
-def run_until_converged(init: Kernel, step: Kernel, problem: Any, key: jax.Array, rule: StopRule, *,
+def run_until_converged(init: Init, step: Step, problem: Any, key: jax.Array, rule: StopRule, *,
                         num_restarts: int = 1, chunk: int | None = None, progress: bool | None = None,
                         desc: str = "", init_state: Any = None, start_from_key: bool = False,
                         compiler_options: dict | None = None) -> Run:
@@ -234,7 +235,7 @@ def _shape_key(tree) -> tuple:
 _SHAPES: dict = {}
 
 
-def _start_shapes(init: Kernel, width: int, start_from_key: bool, key, problem, chains: bool = False,
+def _start_shapes(init: Init, width: int, start_from_key: bool, key, problem, chains: bool = False,
                   sequential: bool = False):
     """The shapes and dtypes of every restart's (or chain's) strongly typed ``init`` state, traced abstractly
     once per kernel and problem shapes (kept, so a second fit traces nothing)."""
@@ -249,7 +250,7 @@ def _start_shapes(init: Kernel, width: int, start_from_key: bool, key, problem, 
 
 
 @programs.cached(maxsize=64)
-def _optimiser_start_fn(init: Kernel, num_restarts: int, start_from_key: bool):
+def _optimiser_start_fn(init: Init, num_restarts: int, start_from_key: bool):
     """Every restart's ``init`` from ``key`` (strongly typed states with a leading restart axis); jitted and kept,
     so that ``_start_shapes`` and the program's start share one trace of ``init`` (a nested jit's trace is cached
     by its argument types)."""
@@ -261,7 +262,7 @@ def _optimiser_start_fn(init: Kernel, num_restarts: int, start_from_key: bool):
     return jax.jit(start, inline=True)
 
 
-def _one_restart_step(step: Kernel, rule: StopRule, single: bool = False):
+def _one_restart_step(step: Step, rule: StopRule, single: bool = False):
     """One step of one restart with the stopping rule: ``(state, f, done, conv, it), k, problem -> (carry,
     Info)``. A stopped restart (``done``) keeps its state, objective and step count. ``single``: the run's only
     restart, which ``_optimiser_program``'s loop steps only while it has not stopped, so it is never frozen (the
@@ -301,7 +302,7 @@ def _buffer_rows(shapes, leading: int = 1) -> int:
 
 
 @programs.cached(maxsize=64)
-def _optimiser_program(init: Kernel | None, step: Kernel, kind: str, residual: bool, num_restarts: int,
+def _optimiser_program(init: Init | None, step: Step, kind: str, residual: bool, num_restarts: int,
                        start_from_key: bool = False, options: tuple = ()):
     """The whole optimiser run as one compiled program of ``(carry, key, problem, budget, start)``, cached per
     kernel, rule kind, restart count and compiler options (``options``: their sorted items) (so repeated fits in
@@ -362,7 +363,7 @@ def _optimiser_program(init: Kernel | None, step: Kernel, kind: str, residual: b
     return jax.jit(optimiser_run, compiler_options=dict(options))
 
 
-def sample_chains(init: Kernel, step: Kernel, problem: Any, key: jax.Array, *, num_chains: int,
+def sample_chains(init: Init, step: Step, problem: Any, key: jax.Array, *, num_chains: int,
                   num_warmup: int, num_samples: int, thinning: int = 1,
                   collect: Callable[[jax.Array, Any, Any], Any] | None = None, chunk: int | None = None,
                   progress: bool | None = None, desc: str = "", init_state: Any = None,
@@ -421,7 +422,7 @@ CHAINS = ("vmap", "map")
 
 
 @programs.cached(maxsize=64)
-def _sampler_start_fn(init: Kernel, num_chains: int, sequential: bool = False):
+def _sampler_start_fn(init: Init, num_chains: int, sequential: bool = False):
     """Every chain's ``init(split(k_init, num_chains)[c])``, ``k_init = split(key)[0]`` (strongly typed), batched
     (``vmap``) or one chain after another (``sequential``: ``lax.map``)."""
 
@@ -436,7 +437,7 @@ def _sampler_start_fn(init: Kernel, num_chains: int, sequential: bool = False):
 
 
 @programs.cached(maxsize=64)
-def _sampler_program(init: Kernel | None, step: Kernel, collect: Callable, num_chains: int,
+def _sampler_program(init: Init | None, step: Step, collect: Callable, num_chains: int,
                      sequential: bool = False):
     """The whole sampler run as one compiled program of ``(state, key, problem, budget, start)``, ``budget =
     (num_warmup, thinning, total, t0, limit)``: fits that differ only in these or in the key share it.

@@ -211,13 +211,13 @@ def test_ssgp_vb_padded_run_equals_the_unpadded_run_and_a_second_size_in_the_buc
 def _hlcr_inputs(seed):
     """A small simulated hlcr problem (6 agents; 82 pairs at seed 0, 98 at seed 1): its data, model inputs and
     kernel hyperparameters."""
-    from inference.hlcr.common import make_hyper
+    from inference.hlcr.common import make_config
     from zoo.hlcr import model_inputs
 
     spec = zoo.get("hlcr")
     data, _ = spec.simulate(seed, n_agents=6, mean_entities=15.0, mean_events=4.0)
     inputs = model_inputs(data, spec.default_hyper)
-    return data, inputs, make_hyper(spec.default_hyper, inputs["n_agents"])
+    return data, inputs, make_config(spec.default_hyper, inputs["n_agents"])
 
 
 def test_hlcr_vbem_padded_run_equals_the_unpadded_run_and_a_second_size_in_the_bucket_compiles_nothing():

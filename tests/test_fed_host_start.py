@@ -60,7 +60,7 @@ def test_host_start_equals_the_in_program_start_labels_exactly_and_sums_to_round
     shards = tiny_shards()
     assert np.array_equal(shards.mask.sum(1), [7, 3, 6]) and shards.mask.shape[1] > 7   # padded slots exist
     cfg = hf.Config(K, F, 1.0, 1.0, 2.0, None, True, "exact", 0.0)
-    kern, _ = hf.kernel(cfg)
+    kern, _, _ = hf.kernel(cfg)
     key = host_keys.fold_in(jax.random.key(3), 0)
     server_key = host_keys.fold_in(jax.random.key(3), 10**6) if given_server_key else None
     init, _ = fed._with_server_key(kern.init, kern.step, hf._seed_server if given_server_key else None, hf.set_rate)

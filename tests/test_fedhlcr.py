@@ -22,7 +22,7 @@ from inference.hlcr import federated as fed
 from inference.hlcr import fedgibbs as hf
 from inference.hlcr import fedvb as fvb
 from inference.hlcr import gibbs as hg
-from inference.hlcr.common import cluster_state, make_hyper, pair_data
+from inference.hlcr.common import cluster_state, make_config, pair_data
 from zoo.hlcr import model_inputs, pair_structure, simulate, split_events
 
 K, F = 3, 2
@@ -129,7 +129,7 @@ def _one_agent(data):
 
 def _centralised_path(d, z0, key, rounds, prior):
     pdat = pair_data(model_inputs(d, HYPER))
-    hyper = make_hyper(HYPER, 1)
+    hyper = make_config(HYPER, 1)
     st = hg.state_from_labels(jnp.asarray(z0, jnp.int32), pdat, hyper)
     k_agents, _ = jax.random.split(key)
     changed = []
@@ -405,7 +405,7 @@ def _fedvb_vs_centralised(iterations=3):
         ri = np.asarray(hv.flat_dirichlet(node_key(key, 0, i), (P, K)))   # the agents' start (fedvb's init)
         r0[index[i][valid[i]]] = ri[valid[i]]
     inp = model_inputs(data, HYPER)
-    pdat, hyper = pair_data(inp), make_hyper(HYPER, inp["n_agents"])
+    pdat, hyper = pair_data(inp), make_config(HYPER, inp["n_agents"])
     m, S = hv._update_w(jnp.asarray(r0), pdat, hyper)
     lp = jnp.full(K, -jnp.log(K))
     st = hv.State(jnp.asarray(r0), m, S, hv._update_theta(jnp.asarray(r0), lp, pdat, hyper), lp)

@@ -502,12 +502,12 @@ def test_the_chains_first_state_built_on_the_host_is_the_kernels_init():
     import jax
 
     from inference.hlcr import gibbs as hg
-    from inference.hlcr.common import make_hyper
+    from inference.hlcr.common import make_config
 
     data, _ = zoo.get("hlcr").simulate(2, n_agents=6, mean_entities=3.0, mean_events=5.0, K=3, F=2, sigma=0.5)
     hyper_dict = {"K": 3, "alpha": None, "beta": 1.0, "delta": 1.0, "sigma": 0.5}
     inputs = model_inputs(data, hyper_dict)
-    hyper = make_hyper(hyper_dict, inputs["n_agents"])
+    hyper = make_config(hyper_dict, inputs["n_agents"])
     problem = hg.padded(hg.Problem(pair_data(inputs)))
     assert not np.all(problem.real)                                 # some pairs are padding
     key = jax.random.key(9)

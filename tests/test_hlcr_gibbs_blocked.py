@@ -193,11 +193,11 @@ def test_blocked_chains_one_after_another_or_batched_are_the_same_chains(monkeyp
     above it batched (``"vmap"``); with the same keys both give the same chains on the tiny data: the labels equal
     (a discrete outcome), w, theta, psi and the log joint to 1e-9 relative (rounding of the same operations batched
     or not)."""
-    from inference.hlcr.common import make_hyper
+    from inference.hlcr.common import make_config
 
     spec = zoo.get("hlcr")
     inputs = model_inputs(spec.tiny_data()[0], spec.default_hyper)
-    hyper = make_hyper(spec.default_hyper, inputs["n_agents"])
+    hyper = make_config(spec.default_hyper, inputs["n_agents"])
     problem = gb.problem_from_inputs(inputs)
     modes, run_chains = [], gb.run_label_chains
 
@@ -226,11 +226,11 @@ def test_the_blocked_chains_first_labels_on_the_host_are_the_kernels_init_and_ta
     kernel's ``init`` draw with the keys ``sample_chains`` gives it (equal; padded pairs K), and the host table
     counts equal ``antoniak_table_totals`` given the same uniforms (exactly: integer counts)."""
     from inference import host_keys
-    from inference.hlcr.common import antoniak_table_totals, host_table_totals, make_hyper
+    from inference.hlcr.common import antoniak_table_totals, host_table_totals, make_config
 
     spec = zoo.get("hlcr")
     inputs = model_inputs(spec.tiny_data()[0], spec.default_hyper)
-    hyper = make_hyper(spec.default_hyper, inputs["n_agents"])
+    hyper = make_config(spec.default_hyper, inputs["n_agents"])
     stats, const, agent, mask = gb.programs.pad_rows(*gb.problem_from_inputs(inputs)[:3])
     problem = gb.Problem(stats, const, agent, mask > 0)
     k_init, k_run = host_keys.parts(jax.random.key(6))
@@ -255,11 +255,11 @@ def test_the_log_joint_computed_on_the_host_equals_the_sweeps_objective():
     """``gibbs_blocked.run`` computes the kept sweeps' collapsed log joint on the host from their labels and psi
     (``host_log_joint``, in blocks of draws): equal to the sweep's ``Info.objective`` along 6 sweeps of a padded
     problem (1e-10 relative: SciPy's against XLA's lgamma and the sums' order)."""
-    from inference.hlcr.common import make_hyper
+    from inference.hlcr.common import make_config
 
     spec = zoo.get("hlcr")
     inputs = model_inputs(spec.tiny_data()[0], spec.default_hyper)
-    hyper = make_hyper(spec.default_hyper, inputs["n_agents"])
+    hyper = make_config(spec.default_hyper, inputs["n_agents"])
     stats, const, agent, mask = gb.programs.pad_rows(*gb.problem_from_inputs(inputs)[:3])
     problem = gb.Problem(stats, const, agent, mask > 0)
     k_init, k_run = gb.host_keys.parts(jax.random.key(2))

@@ -27,7 +27,7 @@ from inference.hlcr.common import (
     gamma_keys,
     gamma_normals,
     host_conditionals,
-    make_hyper,
+    make_config,
     normals,
     pair_data,
     sample_log_gamma,
@@ -83,7 +83,7 @@ def test_a_collapsed_sweep_returns_the_exact_sums_of_its_labels_and_its_log_join
     hyper_dict = {"K": 3, "alpha": None, "beta": 1.0, "delta": 1.0, "sigma": 0.5}
     inputs = model_inputs(data, hyper_dict)
     pdat = pair_data(inputs)
-    hyper = make_hyper(hyper_dict, inputs["n_agents"])
+    hyper = make_config(hyper_dict, inputs["n_agents"])
     z0 = np.random.default_rng(0).integers(0, 3, pdat.gs.shape[0]).astype(np.int32)
     step = jax.jit(lambda k, s: hg.kernel(hyper).step(k, s, hg.Problem(pdat)))
     state = jax.jit(lambda z: hg.state_from_labels(z, pdat, hyper))(z0)

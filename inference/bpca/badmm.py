@@ -67,7 +67,7 @@ import xarray as xr
 from inference import host_keys
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.bpca.common import (
-    Cfg,
+    Config,
     Globals,
     Q,
     VBState,
@@ -110,7 +110,7 @@ class NodeState(NamedTuple):
     tau_duals: jax.Array  # (K, 2) duals of the q(tau) averaging
 
 
-def message_of(cfg: Cfg, vb: VBState, dual_norm=None) -> dict:
+def message_of(cfg: Config, vb: VBState, dual_norm=None) -> dict:
     """What a node broadcasts: 2 (D M + D) floats (+ 2 for q(tau) under consensus, + 1, the norm of its dual
     term, with ``adaptive_eta``)."""
     msg = {"mw": vb.g.mw, "vw": vb.g.vw, "mmu": vb.g.mmu, "vmu": vb.g.vmu}
@@ -153,7 +153,7 @@ def edge_update(m_a, v_a, m_b, v_b, e, eta, inner: int):
 
 
 @memoised_protocol
-def make_protocol(cfg: Cfg, graph, *, eta: float, prior_weight: str, adaptive_eta: bool) -> Protocol:
+def make_protocol(cfg: Config, graph, *, eta: float, prior_weight: str, adaptive_eta: bool) -> Protocol:
     """The D-MFVI protocol on ``graph`` (module docstring). Node j holds ``NodeData(shard, start)``; ``start``
     is the key data of the common initial global parameters (``nodes.with_start``, ``common.start_words``), from
     which every node derives them in its ``init``. Built once per static configuration."""
@@ -297,7 +297,7 @@ def fit_badmm(Y, node, J, hyper, key, o, participation=None, callback=None):
     return cfg, dataclasses.replace(res, states=states), shards, index
 
 
-def consensus_q(res, cfg: Cfg, index: np.ndarray, N: int) -> Q:
+def consensus_q(res, cfg: Config, index: np.ndarray, N: int) -> Q:
     """The consensus q: node average (over nodes alive at the end) of the global parameters and of q(tau),
     q(alpha); every row's q(z_n) from the node that holds it."""
     alive = np.asarray(res.alive)

@@ -36,7 +36,7 @@ from inference import host_keys, programs
 LOG_2PI = float(np.log(2 * np.pi))
 
 
-class Cfg(NamedTuple):
+class Config(NamedTuple):
     """Static configuration (model hyperparameters and variant); closed over, never traced."""
 
     M: int
@@ -96,16 +96,16 @@ class Q(NamedTuple):
     Sz: jax.Array             # (N, M, M)
 
 
-def q_of(cfg: Cfg, g: Globals, tau, alpha, mz, Sz) -> Q:
+def q_of(cfg: Config, g: Globals, tau, alpha, mz, Sz) -> Q:
     """The q of a state (``tau`` / ``alpha`` dropped when fixed by the model)."""
     return Q(g, tau if cfg.learn_tau else None, alpha if cfg.learn_alpha else None, mz, Sz)
 
 
-def cfg_from(hyper: dict, D: int, **variant) -> Cfg:
+def cfg_from(hyper: dict, D: int, **variant) -> Config:
     M = int(hyper["M"])
     alpha = hyper.get("alpha")
     tau = hyper.get("tau")
-    return Cfg(M=M, D=D, learn_tau=tau is None, learn_alpha=alpha is None,
+    return Config(M=M, D=D, learn_tau=tau is None, learn_alpha=alpha is None,
                tau=1.0 if tau is None else float(tau),
                alpha=tuple(np.broadcast_to(np.asarray(1.0 if alpha is None else alpha, float), (M,)).tolist()),
                theta=float(hyper["theta"]), a_tau=float(hyper["a_tau"]), b_tau=float(hyper["b_tau"]),
@@ -146,7 +146,7 @@ def globals_from_words(words, D: int, M: int) -> Globals:
     return init_globals(jax.random.wrap_key_data(words), D, M)
 
 
-def init_state(cfg: Cfg, g0: Globals, n: int) -> VBState:
+def init_state(cfg: Config, g0: Globals, n: int) -> VBState:
     """Initial state: q(tau) = q(alpha) = Gamma(1, 1) (mean 1), q(z) = N(0, I) (replaced by the first sweep)."""
     M = cfg.M
     return VBState(g0, jnp.array([1.0, 1.0]), jnp.ones((2, M)), jnp.zeros((n, M)), jnp.tile(jnp.eye(M), (n, 1, 1)),
@@ -164,7 +164,7 @@ def _special(xp):
     return jsp if xp is jnp else ssp
 
 
-def expectations(cfg: Cfg, tau_q, alpha_q, xp=jnp):
+def expectations(cfg: Config, tau_q, alpha_q, xp=jnp):
     """E[tau], E[log tau], E[alpha] (M,), E[log alpha] (M,) (fixed values when not learned)."""
     digamma = _special(xp).digamma
     if cfg.learn_tau:
@@ -233,7 +233,7 @@ def positive_root(a, b, c):
     return jnp.where(disc < 0, -b / (2.0 * safe_a), root)
 
 
-def elbo_from(cfg: Cfg, st: VBState, shard: Shard, A, c, c_tau, xp=jnp):
+def elbo_from(cfg: Config, st: VBState, shard: Shard, A, c, c_tau, xp=jnp):
     """The closed-form ELBO (step 6) of the state, with the expected squared residual ``A`` given (``xp``: the
     array namespace, ``jax.numpy`` in the sweeps, ``numpy`` in ``elbo_of``)."""
     g = st.g
@@ -253,7 +253,7 @@ def elbo_from(cfg: Cfg, st: VBState, shard: Shard, A, c, c_tau, xp=jnp):
     return out
 
 
-def elbo(cfg: Cfg, st: VBState, shard: Shard, c=1.0, c_tau=None, xp=jnp):
+def elbo(cfg: Config, st: VBState, shard: Shard, c=1.0, c_tau=None, xp=jnp):
     """The closed-form ELBO at arbitrary variational parameters (``st``'s g, tau, alpha, mz, Sz; logdet is
     recomputed from Sz)."""
     st = st._replace(logdet=-xp.linalg.slogdet(st.Sz)[1])
@@ -261,7 +261,7 @@ def elbo(cfg: Cfg, st: VBState, shard: Shard, c=1.0, c_tau=None, xp=jnp):
     A = expected_sq_residual(st.g, st.mz, S, shard, xp)
     return elbo_from(cfg, st, shard, A, c, c if c_tau is None else c_tau, xp)
 
-def elbo_of(cfg: Cfg, q: Q, shard: Shard) -> float:
+def elbo_of(cfg: Config, q: Q, shard: Shard) -> float:
     """The centralised (c = 1) closed-form ELBO of a q on the whole data, in NumPy and SciPy (``elbo`` with
     ``xp=numpy``): it runs once per fit, where a compiled program would cost more to build than to run."""
     q = jax.tree.map(lambda a: np.asarray(a, float), jax.device_get(q))

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from inference.bpca.common import (
-    Cfg,
+    Config,
     Globals,
     Shard,
     VBState,
@@ -36,7 +36,7 @@ from inference.bpca.common import (
 TAU_RHO = 1.0      # ADMM penalty of the q(tau) averaging (unit curvature)
 
 
-def _mean_pen(cfg: Cfg, pen, name: str, v_old):
+def _mean_pen(cfg: Config, pen, name: str, v_old):
     """(extra precision, extra linear term) the penalty adds to a mean update."""
     k, eta = pen["k"], pen["eta"]
     if cfg.penalty == "quadratic":
@@ -44,7 +44,7 @@ def _mean_pen(cfg: Cfg, pen, name: str, v_old):
     return 2.0 * eta * k / v_old, -getattr(pen["g"], name) + eta * getattr(pen["srho"], name) / v_old
 
 
-def _var_update(cfg: Cfg, pen, mname: str, vname: str, P, prior_prec_c, c, m_new):
+def _var_update(cfg: Config, pen, mname: str, vname: str, P, prior_prec_c, c, m_new):
     """Variance of a scalar factor with data precision P and (c-weighted) prior precision."""
     k, eta = pen["k"], pen["eta"]
     if cfg.penalty == "quadratic":
@@ -58,7 +58,7 @@ def _var_update(cfg: Cfg, pen, mname: str, vname: str, P, prior_prec_c, c, m_new
     return positive_root(a, b, cc)
 
 
-def no_penalty(cfg: Cfg, g: Globals):
+def no_penalty(cfg: Config, g: Globals):
     """The penalty of a node without neighbours (centralised VB-EM)."""
     z = jax.tree.map(jnp.zeros_like, g)
     if cfg.penalty == "quadratic":
@@ -66,7 +66,7 @@ def no_penalty(cfg: Cfg, g: Globals):
     return {"k": 0.0, "eta": 0.0, "g": z, "srho": z, "srho2": z}
 
 
-def sweep(cfg: Cfg, st: VBState, shard: Shard, c, pen, c_tau=None, tau_pen=None) -> VBState:
+def sweep(cfg: Config, st: VBState, shard: Shard, c, pen, c_tau=None, tau_pen=None) -> VBState:
     """One coordinate-ascent sweep at a node (module docstring steps 1-6), with a consensus penalty."""
     c_tau = c if c_tau is None else c_tau
     g = st.g

@@ -3,7 +3,7 @@ c = 1, every sweep a step of the one loop (paper page ``docs/papers/dmfvi.md`` N
 
 Kernel: ``State`` = ``VBState`` (q and the ELBO after the sweep), ``Info.objective`` = the closed-form ELBO
 (``inference.bpca.common``; monotone, test 1), ``problem`` = the data ``Shard``; ``init``/``step`` are built once
-per static configuration ``Cfg`` (``kernel(cfg)``). The stopping rule: relative ELBO change <= ``tol``.
+per static configuration ``Config`` (``kernel(cfg)``). The stopping rule: relative ELBO change <= ``tol``.
 Draws from q: ``inference.bpca.common.draw``.
 
 The rows are padded to ``programs.bucket(N)`` (``padded_shard``), so data sets of similar size share the compiled
@@ -13,7 +13,6 @@ sweep, to n_obs or to the ELBO; its q(z_n) stays N(0, I) and is cut off the resu
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -23,8 +22,9 @@ import xarray as xr
 
 from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
+from inference.base import Kernel
 from inference.bpca.common import (
-    Cfg,
+    Config,
     Shard,
     VBState,
     cfg_from,
@@ -47,13 +47,8 @@ class Info(NamedTuple):
     objective: jax.Array   # the ELBO after the sweep
 
 
-class Kernel(NamedTuple):
-    init: Callable[[jax.Array, Shard], State]
-    step: Callable[[jax.Array, State, Shard], tuple[State, Info]]
-
-
 @programs.cached(maxsize=32)
-def kernel(cfg: Cfg) -> Kernel:
+def kernel(cfg: Config) -> Kernel:
     """``init(key, shard)``: m^w = orth(randn(D, M)) from ``key``, v = 1, m^mu = 0, q(tau) = q(alpha) = Gamma(1, 1);
     ``step(key, state, shard)``: one centralised sweep = the node sweep with no neighbours and c = 1."""
 
@@ -68,7 +63,7 @@ def kernel(cfg: Cfg) -> Kernel:
     return Kernel(init, step)
 
 
-def run(cfg: Cfg, shard: Shard, key: jax.Array, *, max_iter: int, tol: float, chunk: int | None = None,
+def run(cfg: Config, shard: Shard, key: jax.Array, *, max_iter: int, tol: float, chunk: int | None = None,
         progress: bool | None = None) -> Run:
     """Sweeps from ``init(key, shard)`` until the relative ELBO change is <= ``tol`` (0: never) or ``max_iter``,
     on the rows padded to ``programs.bucket(n)``; the state returned has q(z_n) of the n real rows."""

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from inference import programs
+from inference.base import Kernel
 from inference.distributed.protocol import Protocol, RunResult, node_key, tree_nbytes
 from inference.loop import StopRule, run_until_converged
 
@@ -100,8 +101,8 @@ def make_round(protocol: Protocol, participation=None):
 
 
 @programs.cached(maxsize=32)
-def kernel(protocol: Protocol, participation=None):
-    """``(init, step)`` of the round kernel (built once per protocol, so the loop's compiled chunks are reused).
+def kernel(protocol: Protocol, participation=None) -> Kernel:
+    """``init``/``step`` of the round kernel (built once per protocol, so the loop's compiled chunks are reused).
     The loop's per-step key is not used: the keys come from ``Problem.key`` and the round number, as in
     ``run_ray``."""
     one_round = make_round(protocol, participation)
@@ -112,7 +113,7 @@ def kernel(protocol: Protocol, participation=None):
     def step(key, carry: Carry, problem: Problem):
         return one_round(carry, problem.shards, problem.key)
 
-    return init, step
+    return Kernel(init, step)
 
 
 def message_nbytes(protocol: Protocol, shards) -> int:
@@ -129,10 +130,10 @@ def run_inprocess(protocol: Protocol, shards: Any, key: jax.Array, *, max_rounds
     """Run ``protocol`` on stacked ``shards`` (pytree with leading node axis J) for at most ``max_rounds``
     rounds or until the stopping rule (module docstring) fires. ``carry`` resumes from a previous carry."""
     nbytes = message_nbytes(protocol, shards)
-    init, step = kernel(protocol, participation)
+    k = kernel(protocol, participation)
     start = 0 if carry is None else int(carry.t)
     rule = StopRule(max(1, max_rounds - start), tol, "relative", tol_residual)
-    run = run_until_converged(init, step, Problem(shards, key), key, rule, chunk=chunk, progress=progress,
+    run = run_until_converged(k.init, k.step, Problem(shards, key), key, rule, chunk=chunk, progress=progress,
                               desc=protocol.name,
                               init_state=None if carry is None else jax.tree.map(lambda a: jnp.asarray(a)[None], carry))
     c = run.state

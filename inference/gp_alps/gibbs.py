@@ -35,7 +35,7 @@ Swap move G3 (``swap=True``): latents with identical kernels are exchangeable, s
 (b_j, H_.j, u_j) at random leaves the target invariant (always accepted). Without it the chain keeps
 whichever duplicate it switched on first (notes §3.4, E12).
 
-Kernel shape: ``kernel(Flags(learn, collapsed, swap, paper_conditional, rescale))`` gives ``init(key, problem)`` and
+Kernel shape: ``kernel(Config(learn, collapsed, swap, paper_conditional, rescale))`` gives ``init(key, problem)`` and
 ``step(key, state, problem)`` (``problem`` the data ``Problem``) with ``Info.objective`` the log joint
 log p(Y, u, H, b, sigma2) after the sweep. The flags are static, so a sweep computes only the moves it makes;
 one compilation per variant, built once (``inference.programs.cached``). Chains, warm-up and thinning:
@@ -45,7 +45,6 @@ one compilation per variant, built once (``inference.programs.cached``). Chains,
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -54,6 +53,7 @@ import numpy as np
 
 from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
+from inference.base import Kernel
 from inference.gp_alps.common import Problem, paper_switch_logit, problem, switch_logit
 from inference.loop import sample_chains
 from inference.uniforms import GAMMA_UNIFORMS, box_muller, log_gamma_from_uniforms, open_uniforms
@@ -72,7 +72,7 @@ class Info(NamedTuple):
     log_lik: jax.Array    # log p(Y | u, H, b, sigma2)
 
 
-class Flags(NamedTuple):
+class Config(NamedTuple):
     """The sampler's static configuration."""
 
     learn: bool                      # sample the noise precisions (InvGamma prior on sigma2)
@@ -80,11 +80,6 @@ class Flags(NamedTuple):
     swap: bool = True                # the G3 move
     paper_conditional: bool = False  # the paper's mis-normalised C.3 conditional (regression test only)
     rescale: bool = True             # the scale move along the (H_.j, u_j) ridge
-
-
-class Kernel(NamedTuple):
-    init: Callable[[jax.Array, Problem], State]
-    step: Callable[[jax.Array, State, Problem], tuple[State, Info]]
 
 
 class SweepRandoms(NamedTuple):
@@ -121,7 +116,7 @@ def _latents(pb, u):
 
 
 @programs.cached(maxsize=16)
-def kernel(flags: Flags) -> Kernel:
+def kernel(flags: Config) -> Kernel:
     """``init``/``step`` for these flags (module docstring)."""
     learn, collapsed, swap, paper_conditional, rescale = flags
 
@@ -248,7 +243,7 @@ def run(key, pb: Problem, learn, num_chains=2, num_warmup=1000, num_samples=2000
     (``chains="map"``: a sweep is a sequence of small per-latent updates, which batching the chains does not speed
     up, while the batched program compiled slower; benchmarks/results.md, "compile_cold" session 17); returns
     (State, Info) with leading (chain, draw) axes, warm-up dropped."""
-    k = kernel(Flags(bool(learn), bool(collapsed), bool(swap), bool(paper_conditional), bool(rescale)))
+    k = kernel(Config(bool(learn), bool(collapsed), bool(swap), bool(paper_conditional), bool(rescale)))
     kept, _ = sample_chains(k.init, k.step, pb, key, num_chains=num_chains, num_warmup=num_warmup,
                             num_samples=num_samples, thinning=thinning, progress=progress, desc="gp_alps gibbs",
                             chains="map")

@@ -76,6 +76,7 @@ from scipy import special
 from inference import host_draws as hd
 from inference import host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
+from inference.base import Kernel
 from inference.loop import StopRule, run_until_converged
 
 LAM_P = 0.5
@@ -334,27 +335,27 @@ def step(key, state: State, problem: SVIProblem, optimiser, num_particles: int) 
 
 
 @programs.cached(maxsize=16)
-def kernel(learning_rate: float, num_particles: int):
-    """(init, step) for the loop, one pair per optimiser setting (compiled runs reused across fits)."""
+def kernel(learning_rate: float, num_particles: int) -> Kernel:
+    """``init``/``step`` for the loop, one kernel per optimiser setting (compiled runs reused across fits)."""
     optimiser = optax.adam(learning_rate)
-    return (functools.partial(init, optimiser=optimiser),
-            functools.partial(step, optimiser=optimiser, num_particles=num_particles))
+    return Kernel(functools.partial(init, optimiser=optimiser),
+                  functools.partial(step, optimiser=optimiser, num_particles=num_particles))
 
 
 def fit_state(key, kw, num_steps, learning_rate=0.01, num_particles=4, schedule="paper", progress=None):
     """Adam on the relaxed ELBO with the temperature schedule from ``host_init``; returns (final ``State``, relaxed
     ELBO trace, temperatures) (host arrays)."""
-    k_init, k_step = kernel(float(learning_rate), int(num_particles))
+    k = kernel(float(learning_rate), int(num_particles))
     log_norm = inverse_gamma_log_norm(kw["a0"], kw["b0"]) if kw["sigma2"] is None else 0.0
     problem = SVIProblem(kw, np.asarray(float(num_steps)), np.asarray(schedule == "paper"),   # host: no eager op
                          np.asarray(log_norm))
     # restart 0's key, as the loop derives it for a fresh start (``split(key, 1)[0]``); on the device already (the
     # loop's ``jnp.asarray`` of a NumPy array compiles a program of its own, ``stage``)
-    start = host_init(host_keys.parts(key, 1)[0], problem, k_init.keywords["optimiser"])
+    start = host_init(host_keys.parts(key, 1)[0], problem, k.init.keywords["optimiser"])
     start = jax.device_put(jax.tree.map(lambda a: np.asarray(a)[None], start))
     # XLA's default optimisation: thousands of steps, which level 0 runs several times slower
     # (benchmarks/results.md, "opt_level")
-    r = run_until_converged(k_init, k_step, problem, key, StopRule(int(num_steps)), progress=progress,
+    r = run_until_converged(k.init, k.step, problem, key, StopRule(int(num_steps)), progress=progress,
                             desc="gp_alps svi_concrete", init_state=start, compiler_options=programs.OPTIMISED)
     return jax.device_get(r.state), r.info.objective, r.info.temperature
 

@@ -58,6 +58,7 @@ from scipy import special
 from inference import host_draws as hd
 from inference import host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
+from inference.base import Kernel
 from inference.gp_alps.common import Problem, problem
 from inference.loop import Run, StopRule, run_until_converged
 
@@ -191,10 +192,10 @@ def step(key, state: State, problem: VBProblem, learn) -> tuple[State, Info]:
 
 
 @programs.cached(maxsize=4)
-def kernel(learn: bool):
-    """(init, step) for the loop with the static noise flag bound (one pair per flag, so compiled chunks are
+def kernel(learn: bool) -> Kernel:
+    """``init``/``step`` for the loop with the static noise flag bound (one kernel per flag, so compiled runs are
     reused across fits)."""
-    return functools.partial(init, learn=learn), functools.partial(step, learn=learn)
+    return Kernel(functools.partial(init, learn=learn), functools.partial(step, learn=learn))
 
 
 def run(key, pb: Problem, learn, max_iter=200, tol=0.0, init_logit_rho=10.0, num_restarts=1, update_switches=True,
@@ -203,10 +204,10 @@ def run(key, pb: Problem, learn, max_iter=200, tol=0.0, init_logit_rho=10.0, num
     ELBO repeats exactly), ``num_restarts`` initialisations vmapped (keys ``split(key, num_restarts)``; one run
     starts from ``init(key)``); the run with the highest final ELBO wins
     (CAVI finds local optima, e.g. both duplicates on). ``inference.loop.Run`` (``info.objective`` the ELBO trace)."""
-    k_init, k_step = kernel(bool(learn))
+    k = kernel(bool(learn))
     vp = VBProblem(pb, np.asarray(float(init_logit_rho)), np.asarray(bool(update_switches)))   # host: no eager op
     # a single run starts from init(key) itself (as before the loop existed: the tests' measured optima)
-    return run_until_converged(k_init, k_step, vp, key, StopRule(int(max_iter), float(tol), "relative"),
+    return run_until_converged(k.init, k.step, vp, key, StopRule(int(max_iter), float(tol), "relative"),
                                num_restarts=num_restarts, progress=progress, desc="gp_alps vbem",
                                start_from_key=num_restarts == 1)
 

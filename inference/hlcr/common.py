@@ -15,12 +15,12 @@ and per-cluster sums, so an agent can run it on its own pairs and a server on su
 * ``antoniak_table_totals`` / ``sample_log_dirichlet``: the auxiliary-variable psi update (notes P1);
 * ``relabel``/``match_labels``: Hungarian matching of labels to a reference;
 * ``cluster_posteriors``: Theorem 2's per-cluster posterior (m_k, H_k) for given labels;
-* ``Hyper`` / ``make_hyper``: the static hyperparameters every kernel closes over;
+* ``Config`` / ``make_config``: the static hyperparameters every kernel closes over;
 * ``draw_conditionals``: w and theta from their conditionals given the labels, in a program (the blocked sweep);
   ``host_conditionals``: the same conditionals in NumPy on the host, from the statistics a chain kept (the
   collapsed sampler's draws);
-* ``SamplerKernel`` / ``run_label_chains``: the (init, step, collect) triple of both Gibbs kernels and the
-  one call that runs their chains through ``inference.loop.sample_chains``.
+* ``run_label_chains``: the one call that runs both Gibbs kernels' chains (``inference.base.Kernel`` with
+  ``collect``) through ``inference.loop.sample_chains``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from inference import host_draws
+from inference.base import Kernel
 from inference.loop import sample_chains
 from inference.uniforms import GAMMA_TRIALS, box_muller, log_gamma_from_uniforms, log_gamma_mt, open_uniforms
 from zoo.hlcr import LOG_2PI, resolve_hyper
@@ -437,7 +438,7 @@ def cluster_posteriors(Gs, gs, z, K, delta):
     return jnp.einsum("kij,kj->ki", H, c), H
 
 
-class Hyper(NamedTuple):
+class Config(NamedTuple):
     """The model's hyperparameters as static numbers for the kernels, and the number of agents."""
 
     K: int
@@ -448,9 +449,9 @@ class Hyper(NamedTuple):
     n_agents: int
 
 
-def make_hyper(ctx_hyper: dict, n_agents: int) -> Hyper:
+def make_config(ctx_hyper: dict, n_agents: int) -> Config:
     h = resolve_hyper(ctx_hyper)
-    return Hyper(int(h["K"]), float(h["alpha"]), float(h["beta"]), float(h["delta"]), float(h["sigma"]),
+    return Config(int(h["K"]), float(h["alpha"]), float(h["beta"]), float(h["delta"]), float(h["sigma"]),
                  int(n_agents))
 
 
@@ -511,24 +512,13 @@ def host_conditionals(rng: np.random.Generator, D, c, n_agent, log_psi, beta):
     return w, theta
 
 
-class SamplerKernel(NamedTuple):
-    """A Gibbs kernel in ``inference.loop``'s shape: ``init(key, problem)``, ``step(key, state, problem) ->
-    (state, info)`` and ``collect(key, state, info)`` (the dict kept per sweep: the labels, psi, what the draws of
-    (w, theta) need, and the stats); ``chains``: how ``inference.loop.sample_chains`` runs the chains (``"vmap"``
-    batched, ``"map"`` one after another in each sweep)."""
-
-    init: object
-    step: object
-    collect: object
-    chains: str = "vmap"
-
-
-def run_label_chains(kernel: SamplerKernel, problem, key, *, num_warmup: int, num_samples: int, num_chains: int,
+def run_label_chains(kernel: Kernel, problem, key, *, num_warmup: int, num_samples: int, num_chains: int,
                      thinning: int, init_state, progress, chunk: int, desc: str):
-    """Run ``num_chains`` chains (as ``kernel.chains`` says) for ``num_warmup`` + ``num_samples * thinning`` sweeps
-    (``inference.loop.sample_chains``). Returns (posterior dict with leading (chain, draw) axes: everything the
-    kernel's ``collect`` keeps but its stats; stats dict: those of log_joint_collapsed, n_changed it keeps; last
-    state)."""
+    """Run ``num_chains`` chains of a Gibbs kernel (``inference.base.Kernel`` with ``collect``: the dict kept per
+    sweep, the labels, psi, what the draws of (w, theta) need, and the stats) as ``kernel.chains`` says, for
+    ``num_warmup`` + ``num_samples * thinning`` sweeps (``inference.loop.sample_chains``). Returns (posterior
+    dict with leading (chain, draw) axes: everything the kernel's ``collect`` keeps but its stats; stats dict:
+    those of log_joint_collapsed, n_changed it keeps; last state)."""
     out, state = sample_chains(kernel.init, kernel.step, problem, key, num_chains=num_chains, num_warmup=num_warmup,
                                num_samples=num_samples, thinning=thinning, collect=kernel.collect, chunk=chunk,
                                progress=progress, desc=desc, init_state=init_state, chains=kernel.chains)

@@ -25,6 +25,7 @@ import numpy as np
 
 from inference import host_keys, programs
 from inference._methods import Option
+from inference.base import Kernel
 from inference.distributed.inprocess import Carry, initial_carry, make_round
 from inference.distributed.protocol import Protocol, RunResult, tree_nbytes
 from inference.loop import StopRule, run_until_converged
@@ -219,12 +220,6 @@ class Info(NamedTuple):
     active: jax.Array     # (J,) agents whose upload arrived
 
 
-class Kernel(NamedTuple):
-    init: Any
-    step: Any
-    protocol: Protocol
-
-
 def protocol_kernel(protocol: Protocol, participation, objective: str, seed_server=None) -> Kernel:
     """``init(key, shards)``, ``step(key, state, shards)`` running ``protocol`` round by round (module
     docstring). ``seed_server(server, k_server)`` puts the server's key into its state (fedgibbs's psi draws).
@@ -242,7 +237,7 @@ def protocol_kernel(protocol: Protocol, participation, objective: str, seed_serv
         carry, info = one_round(state.carry, shards, state.key)
         return State(carry, state.key), Info(info.summary[objective], info.summary, info.active)
 
-    return Kernel(init, step, protocol)
+    return Kernel(init, step)
 
 
 def message_nbytes(protocol: Protocol, shards) -> int:
@@ -287,12 +282,13 @@ def start_keys(key, num_restarts: int) -> np.ndarray:
     return words[None] if num_restarts == 1 else host_keys.words(host_keys.split(key, num_restarts))
 
 
-def run_protocol(kernel: Kernel, shards, key, *, max_iter: int, num_restarts: int = 1, chunk: int = 50,
-                 progress=None, server_key=None, seed_server=None, restart_keys=None, settings=None,
+def run_protocol(kernel: Kernel, protocol: Protocol, shards, key, *, max_iter: int, num_restarts: int = 1,
+                 chunk: int = 50, progress=None, server_key=None, seed_server=None, restart_keys=None, settings=None,
                  configure=None, host_start=None) -> tuple[RunResult, np.ndarray]:
-    """``max_iter`` rounds of ``kernel`` in process (``inference.loop.run_until_converged``; the objective
-    never stops the rounds early). One run (``num_restarts=1``) starts from ``kernel.init(key)`` itself;
-    restarts from ``split(key, num_restarts)``, or from ``restart_keys`` (one per restart) when given;
+    """``max_iter`` rounds of ``kernel`` (``protocol_kernel(protocol, ...)``) in process
+    (``inference.loop.run_until_converged``; the objective never stops the rounds early). One run
+    (``num_restarts=1``) starts from ``kernel.init(key)`` itself; restarts from ``split(key, num_restarts)``,
+    or from ``restart_keys`` (one per restart) when given;
     ``server_key`` overrides every run's server key; ``configure(carry, settings)`` puts runtime settings into
     every run's round-0 carry (``settings`` a pytree of arrays: runs that differ only in them share the
     program). Returns the ``RunResult`` of the kept run and every restart's final objective. Without
@@ -312,7 +308,7 @@ def run_protocol(kernel: Kernel, shards, key, *, max_iter: int, num_restarts: in
                                                             settings)
         run = run_until_converged(init, step, problem, key, StopRule(max_iter),
                                   num_restarts=num_restarts, chunk=chunk, progress=progress,
-                                  desc=kernel.protocol.name, start_from_key=num_restarts == 1,
+                                  desc=protocol.name, start_from_key=num_restarts == 1,
                                   init_state=state)
     else:
         num_restarts = int(restart_keys.shape[0])
@@ -325,8 +321,8 @@ def run_protocol(kernel: Kernel, shards, key, *, max_iter: int, num_restarts: in
             state = state._replace(carry=configure(state.carry, every))
         run = run_until_converged(kernel.init, kernel.step, shards, key, StopRule(max_iter),
                                   num_restarts=num_restarts, chunk=chunk, progress=progress,
-                                  desc=kernel.protocol.name, init_state=state)
-    nbytes = message_nbytes(kernel.protocol, shards)
+                                  desc=protocol.name, init_state=state)
+    nbytes = message_nbytes(protocol, shards)
     history = {k: np.asarray(v) for k, v in dict(run.info.summary).items()}
     history["active"] = np.asarray(run.info.active)
     history["bytes_sent"] = history["active"].astype(np.int64) * nbytes

@@ -389,11 +389,11 @@ def host_start(cfg: Config, keys, shards: Shard, server_key, gamma):
 
 @programs.cached(maxsize=32)
 def kernel(cfg: Config, participation: float = 1.0, dropout: float = 0.0):
-    """The FedHLCR kernel (``federated.protocol_kernel``) and its audit log, once per static configuration
+    """The FedHLCR kernel (``federated.protocol_kernel``), its protocol and audit log, once per static configuration
     (``cfg.gamma`` None where the run sets the rate with ``set_rate``). The log records every message shape when
     the round is traced; the shapes depend only on (K, F)."""
     proto, log = audited(make_protocol(cfg))
-    return protocol_kernel(proto, participation_fn(participation, dropout), "log_joint", _seed_server), log
+    return protocol_kernel(proto, participation_fn(participation, dropout), "log_joint", _seed_server), proto, log
 
 
 OPTIONS_FEDGIBBS: dict[str, Option] = {
@@ -456,8 +456,8 @@ def run_federated(agents, hyper: dict, key: jax.Array, *, max_iter: int = 20, ga
         finals = np.array([r[0] for r in results])
         _, res, log = results[int(np.argmax(finals))]
     else:
-        kern, log = kernel(cfg._replace(gamma=None), float(participation), float(dropout))
-        res, finals = run_protocol(kern, shards, key, max_iter=max_iter, num_restarts=num_restarts, chunk=chunk,
+        kern, proto, log = kernel(cfg._replace(gamma=None), float(participation), float(dropout))
+        res, finals = run_protocol(kern, proto, shards, key, max_iter=max_iter, num_restarts=num_restarts, chunk=chunk,
                                    progress=progress, server_key=server_key, seed_server=_seed_server,
                                    restart_keys=restart_keys, settings=np.float64(gamma), configure=set_rate,
                                    host_start=lambda keys, sh, sk, g: host_start(cfg, keys, sh, sk, g))

@@ -28,7 +28,7 @@ from inference import host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.distributed.audit import audited
 from inference.distributed.protocol import Protocol
-from inference.hlcr.common import Hyper, PairData, make_hyper
+from inference.hlcr.common import Config, PairData, make_config
 from inference.hlcr.federated import (
     OPTIONS,
     Shard,
@@ -61,7 +61,7 @@ class AgentState(NamedTuple):
     a: jax.Array      # (K,) Dirichlet parameters of q(theta_i)
 
 
-def make_protocol(hyper: Hyper, F: int) -> Protocol:
+def make_protocol(hyper: Config, F: int) -> Protocol:
     """Federated VB-EM as a ``local_step``/``aggregate`` protocol (module docstring)."""
     K = hyper.K
     prior_prec = np.eye(F) / hyper.delta**2   # NumPy: built once, a constant of the compiled round
@@ -114,10 +114,11 @@ def make_protocol(hyper: Hyper, F: int) -> Protocol:
 
 
 @programs.cached(maxsize=32)
-def kernel(hyper: Hyper, F: int, participation: float = 1.0, dropout: float = 0.0):
-    """The federated VB-EM kernel (``federated.protocol_kernel``) and its audit log, once per configuration."""
+def kernel(hyper: Config, F: int, participation: float = 1.0, dropout: float = 0.0):
+    """The federated VB-EM kernel (``federated.protocol_kernel``), its protocol and audit log, once per
+    configuration."""
     proto, log = audited(make_protocol(hyper, F))
-    return protocol_kernel(proto, participation_fn(participation, dropout), "elbo"), log
+    return protocol_kernel(proto, participation_fn(participation, dropout), "elbo"), proto, log
 
 
 def run_federated_vb(agents, hyper: dict, key: jax.Array, *, max_iter: int = 100, participation: float = 1.0,
@@ -133,7 +134,7 @@ def run_federated_vb(agents, hyper: dict, key: jax.Array, *, max_iter: int = 100
     h = resolve_hyper({**SPEC.default_hyper, **hyper})
     F = check_agents(agents)
     shards, index = make_shards(agents, float(h["sigma"]))
-    vb_hyper = make_hyper(h, len(agents))
+    vb_hyper = make_config(h, len(agents))
     if runner == "ray":
         from inference.distributed.ray_runner import run_ray
 
@@ -147,8 +148,8 @@ def run_federated_vb(agents, hyper: dict, key: jax.Array, *, max_iter: int = 100
         finals = np.array([r[0] for r in results])
         _, res, log = results[int(np.argmax(finals))]
     else:
-        kern, log = kernel(vb_hyper, F, float(participation), float(dropout))
-        res, finals = run_protocol(kern, shards, key, max_iter=max_iter, num_restarts=num_restarts, chunk=chunk,
+        kern, proto, log = kernel(vb_hyper, F, float(participation), float(dropout))
+        res, finals = run_protocol(kern, proto, shards, key, max_iter=max_iter, num_restarts=num_restarts, chunk=chunk,
                                    progress=progress)
     audit = audit_of(log, res)
     audit["objective_per_restart"] = [float(v) for v in finals]

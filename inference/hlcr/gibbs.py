@@ -71,10 +71,10 @@ import numpy as np
 
 from inference import host_draws, host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
+from inference.base import Kernel
 from inference.hlcr.common import (
-    Hyper,
+    Config,
     PairData,
-    SamplerKernel,
     antoniak_table_totals,
     cluster_state,
     collapsed_log_joint,
@@ -86,7 +86,7 @@ from inference.hlcr.common import (
     host_uniform_labels,
     log_dirichlet_from_uniforms,
     log_normaliser,
-    make_hyper,
+    make_config,
     pair_data,
     prior_logits,
     run_label_chains,
@@ -132,7 +132,7 @@ class Problem(NamedTuple):
     real: jax.Array | None = None   # (E,) bool, False on padded pairs (None: every pair is real)
 
 
-def state_from_labels(z, pdat: PairData, hyper: Hyper) -> State:
+def state_from_labels(z, pdat: PairData, hyper: Config) -> State:
     """State for labels ``z`` (psi starts uniform)."""
     K = hyper.K
     D, c, logZ = cluster_state(pdat.Gs, pdat.gs, z, K, hyper.delta)
@@ -152,7 +152,7 @@ def _keep_padded(update):
     return guarded
 
 
-def _block_pair_update(state: State, xs, hyper: Hyper, prior: str):
+def _block_pair_update(state: State, xs, hyper: Config, prior: str):
     """One pair's collapsed update from sufficient statistics (K log normalisers). A padded pair (``real_e`` False,
     label K) keeps its label K, so its move is zero and the state stays as it is (no guard over the whole carry)."""
     Gs_e, gs_e, const_e, a, gumbel, e, real_e = xs
@@ -180,7 +180,7 @@ def _block_pair_update(state: State, xs, hyper: Hyper, prior: str):
     return new, k1 != k0
 
 
-def _paper_pair_update(carry, xs, hyper: Hyper, prior: str, ev: Events):
+def _paper_pair_update(carry, xs, hyper: Config, prior: str, ev: Events):
     """One pair's update as in the paper's Algorithms 1-2: per-event rank-one (Sherman-Morrison) updates
     of H_k = D_k^-1, corrected (variance s^2 + x^T H x, predictive before the update, log space)."""
     state, H = carry
@@ -227,7 +227,7 @@ def _paper_pair_update(carry, xs, hyper: Hyper, prior: str, ev: Events):
     return (state, H_rm.at[k1].set(Hk1)), k1 != k0
 
 
-def sweep(key, state: State, problem: Problem, hyper: Hyper, prior: str = "exact", kernel: str = "block"):
+def sweep(key, state: State, problem: Problem, hyper: Config, prior: str = "exact", kernel: str = "block"):
     """One systematic-scan sweep over all pairs, then the psi update. Returns ``(state, Info)``. ``state``'s
     (D, c, logZ) must be the exact sums of its labels (``state_from_labels``; every sweep returns them so)."""
     pdat, events, real = problem
@@ -255,7 +255,7 @@ def sweep(key, state: State, problem: Problem, hyper: Hyper, prior: str = "exact
     return state, Info(log_joint(state, pdat, hyper, real, exact=True), jnp.sum(changed))
 
 
-def log_joint(state: State, pdat: PairData, hyper: Hyper, real=None, exact: bool = False):
+def log_joint(state: State, pdat: PairData, hyper: Config, real=None, exact: bool = False):
     """Collapsed log joint log p(y | z) + log p(z | psi) + log Dir(psi | alpha/K) (notes §3.4, [ours];
     ``common.collapsed_log_joint``); ``real``: the pair mask (padded pairs' const left out). ``exact``: the
     state's (D, c, logZ) are the exact sums of its labels (as ``sweep`` returns them), else they are recomputed."""
@@ -274,7 +274,7 @@ def events_by_pair(X, y, pair, n_pairs) -> Events:
 
 
 @programs.cached(maxsize=32)
-def kernel(hyper: Hyper, prior: str = "exact", kernel: str = "block") -> SamplerKernel:
+def kernel(hyper: Config, prior: str = "exact", kernel: str = "block") -> Kernel:
     """The Gibbs kernel for one static configuration (built once, so ``inference.loop`` compiles it once). Its
     chains run one after another in each sweep (``chains="map"``): a sweep is a scan over pairs that gains nothing
     from batching the chains, and the batched sweep takes longer to compile (benchmarks/results.md,
@@ -296,10 +296,10 @@ def kernel(hyper: Hyper, prior: str = "exact", kernel: str = "block") -> Sampler
         return {"z": state.z, "log_psi": state.log_psi, "D": state.D, "c": state.c, "n_agent": state.n_agent,
                 "n_changed": info.n_changed}
 
-    return SamplerKernel(init, step, collect, chains="map")
+    return Kernel(init, step, collect=collect, chains="map")
 
 
-def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: int, num_chains: int = 1,
+def run(key, problem: Problem, hyper: Config, *, num_warmup: int, num_samples: int, num_chains: int = 1,
         thinning: int = 1, prior: str = "exact", kernel_name: str = "block", z_init=None, progress=None,
         chunk: int = 100):
     """The collapsed chains (``common.run_label_chains``); ``z_init`` (labels per pair) starts every chain. The
@@ -327,7 +327,7 @@ def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: in
             state)
 
 
-def first_labels(key, problem: Problem, hyper: Hyper, num_chains: int, z_init=None, n_real: int | None = None):
+def first_labels(key, problem: Problem, hyper: Config, num_chains: int, z_init=None, n_real: int | None = None):
     """Every chain's first labels (num_chains, E) in NumPy: ``z_init`` (the first ``n_real`` pairs) for every
     chain, else the kernel's ``init`` draw z ~ U{1..K} bit for bit (``common.host_uniform_labels`` with the keys
     ``inference.loop.sample_chains`` gives the chains' inits); padded pairs get the label K. None where the keys
@@ -343,7 +343,7 @@ def first_labels(key, problem: Problem, hyper: Hyper, num_chains: int, z_init=No
     return np.where(real, host_uniform_labels(chain_keys, len(real), hyper.K), hyper.K).astype(np.int32)
 
 
-def host_state(z, pdat: PairData, hyper: Hyper) -> State:
+def host_state(z, pdat: PairData, hyper: Config) -> State:
     """``state_from_labels`` in NumPy for labels ``z`` (..., E) (the label K, a padded pair's, counted nowhere):
     the chains' first state, built on the host so that the chains' program holds no start of its own."""
     D, c, n_agent = host_label_statistics(z, pdat.Gs, pdat.gs, pdat.agent, hyper.K, hyper.n_agents, hyper.delta)
@@ -387,7 +387,7 @@ def run_gibbs(ctx: FitContext) -> Draws:
     o = ctx.options
     inputs = ctx.model_kwargs
     pdat = pair_data(inputs)
-    hyper = make_hyper(ctx.hyper, inputs["n_agents"])
+    hyper = make_config(ctx.hyper, inputs["n_agents"])
     z_init = o["z_init"]
     if z_init is not None:
         z_init = np.asarray(z_init)

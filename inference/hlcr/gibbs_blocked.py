@@ -64,10 +64,10 @@ import numpy as np
 
 from inference import host_draws, host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
+from inference.base import Kernel
 from inference.hlcr.common import (
     TINY_LOG,
-    Hyper,
-    SamplerKernel,
+    Config,
     antoniak_table_totals,
     collapsed_log_joint,
     conditional_keys,
@@ -81,7 +81,7 @@ from inference.hlcr.common import (
     host_table_totals,
     host_uniform_labels,
     log_dirichlet_from_uniforms,
-    make_hyper,
+    make_config,
     normals,
     pair_data,
     prior_precision,
@@ -160,7 +160,7 @@ def _padded_label(z, problem: Problem, K: int):
     return z if problem.real is None else jnp.where(problem.real, z, K)
 
 
-def label_statistics(z, problem: Problem, hyper: Hyper):
+def label_statistics(z, problem: Problem, hyper: Config):
     """Step 2: D (K, F, F) including I/delta^2, c (K, F), agent counts N_i^(k) (N, K) of labels ``z``."""
     K, F = hyper.K, n_features(problem)
     sums = jax.ops.segment_sum(problem.stats, z, num_segments=K)                  # (K, P + F + 1)
@@ -173,7 +173,7 @@ def label_statistics(z, problem: Problem, hyper: Hyper):
     return D + prior_precision(F, hyper.delta), sums[:, P:P + F], counts
 
 
-def parameters_given_labels(key, z, log_psi, problem: Problem, hyper: Hyper):
+def parameters_given_labels(key, z, log_psi, problem: Problem, hyper: Config):
     """Steps 2-4: (psi, w, theta) given the labels. Returns the new log psi, w, log theta and (D, c, counts)."""
     k_tables, k_psi, k_cond = jax.random.split(key, 3)
     D, c, n_agent = label_statistics(z, problem, hyper)
@@ -186,7 +186,7 @@ def parameters_given_labels(key, z, log_psi, problem: Problem, hyper: Hyper):
     return log_psi, w, jnp.log(theta), (D, c, n_agent)
 
 
-def sweep_uniforms(key, problem: Problem, hyper: Hyper):
+def sweep_uniforms(key, problem: Problem, hyper: Config):
     """Every uniform of one sweep from one call (``common.step_uniforms``): psi's Gamma variates (GAMMA_UNIFORMS, K),
     theta's (GAMMA_UNIFORMS, N, K) and w's normals (2, K, F) first, then two per pair (its label, its table draw),
     so pair e's do not depend on the padding."""
@@ -199,7 +199,7 @@ def sweep_uniforms(key, problem: Problem, hyper: Hyper):
     return (*parts, pair)
 
 
-def params_from_uniforms(u_psi, u_theta, u_w, u_tables, z, log_psi, problem: Problem, hyper: Hyper):
+def params_from_uniforms(u_psi, u_theta, u_w, u_tables, z, log_psi, problem: Problem, hyper: Config):
     """Steps 2-4 from the sweep's uniforms (``sweep_uniforms``): the labels' statistics, psi by the table counts,
     then w and theta given the labels and the new psi (``common.conditionals_from_uniforms``). Returns the new log
     psi, w, log theta and (D, c, counts)."""
@@ -211,14 +211,14 @@ def params_from_uniforms(u_psi, u_theta, u_w, u_tables, z, log_psi, problem: Pro
     return log_psi, w, log_theta, (D, c, n_agent)
 
 
-def state_from_labels(key, z, problem: Problem, hyper: Hyper) -> State:
+def state_from_labels(key, z, problem: Problem, hyper: Config) -> State:
     """A state for labels ``z``: psi uniform, then (psi, w, theta) drawn given z (steps 2-4)."""
     log_psi, w, log_theta, _ = parameters_given_labels(key, z, jnp.full(hyper.K, -jnp.log(hyper.K)), problem,
                                                        hyper)
     return State(z, w, log_theta, log_psi)
 
 
-def sweep(key, state: State, problem: Problem, hyper: Hyper):
+def sweep(key, state: State, problem: Problem, hyper: Config):
     """One blocked sweep: labels given (w, theta), then (psi, w, theta) given the labels. ``(State, Info)``."""
     u_psi, u_theta, u_w, u_pair = sweep_uniforms(key, problem, hyper)
     z = draw_labels(None, state.w, state.log_theta, problem, u=u_pair[:, 0])
@@ -230,7 +230,7 @@ def sweep(key, state: State, problem: Problem, hyper: Hyper):
 
 
 @programs.cached(maxsize=32)
-def kernel(hyper: Hyper) -> SamplerKernel:
+def kernel(hyper: Config) -> Kernel:
     """The blocked kernel for one static configuration (built once, so ``inference.loop`` compiles it once); ``run``
     picks how its chains run (``CHAINS_MAP_MAX_PAIRS``)."""
 
@@ -248,7 +248,7 @@ def kernel(hyper: Hyper) -> SamplerKernel:
         return {"z": state.z, "w": state.w, "log_psi": state.log_psi, "log_theta": state.log_theta,
                 "n_changed": info.n_changed}
 
-    return SamplerKernel(init, step, collect)
+    return Kernel(init, step, collect=collect)
 
 
 CHAINS_MAP_MAX_PAIRS = 512
@@ -257,7 +257,7 @@ CHAINS_MAP_MAX_PAIRS = 512
 sweep's dense operations over many pairs gain from the batch (benchmarks/results.md, "hlcr_gibbs_host")."""
 
 
-def run(key, problem: Problem, hyper: Hyper, *, num_warmup: int, num_samples: int, num_chains: int = 1,
+def run(key, problem: Problem, hyper: Config, *, num_warmup: int, num_samples: int, num_chains: int = 1,
         thinning: int = 1, z_init=None, progress=None, chunk: int = 100):
     """The blocked chains (``common.run_label_chains``; one after another in each sweep up to
     ``CHAINS_MAP_MAX_PAIRS`` padded pairs, else batched); ``z_init`` (labels per pair) starts every chain, its
@@ -289,7 +289,7 @@ def _host_pair_statistics(problem: Problem):
     return Gs, stats[:, P:P + F]
 
 
-def host_log_joint(z, log_psi, problem: Problem, hyper: Hyper, block: int = 256):
+def host_log_joint(z, log_psi, problem: Problem, hyper: Config, block: int = 256):
     """The collapsed log joint (``sweep``'s ``Info.objective``: ``common.collapsed_log_joint``) of kept labels ``z``
     (..., E) (the label K on padded pairs) and ``log_psi`` (..., K), in NumPy on the host
     (``common.host_label_statistics``, ``common.host_collapsed_log_joint``), ``block`` draws at a time (memory
@@ -310,7 +310,7 @@ def host_log_joint(z, log_psi, problem: Problem, hyper: Hyper, block: int = 256)
     return out.reshape(lead)
 
 
-def host_start(k_init, k_run, problem: Problem, hyper: Hyper, num_chains: int, z_init=None):
+def host_start(k_init, k_run, problem: Problem, hyper: Config, num_chains: int, z_init=None):
     """Every chain's first state (leading chain axis), in NumPy on the host, so that the chains' program holds no
     start of its own: chain c's labels are ``z_init`` (the real pairs'; chain keys ``split(k_init, num_chains)``) or
     the kernel's ``init`` draw z ~ U{1..K} bit for bit (``common.host_uniform_labels``, chain keys those
@@ -364,7 +364,7 @@ def run_gibbs_blocked(ctx: FitContext) -> Draws:
     sample_stats: collapsed log joint (the same quantity as ``gibbs``), labels changed per sweep."""
     o = ctx.options
     inputs = ctx.model_kwargs
-    hyper = make_hyper(ctx.hyper, inputs["n_agents"])
+    hyper = make_config(ctx.hyper, inputs["n_agents"])
     E = inputs["g"].shape[0]
     z_init = o["z_init"]
     if z_init is not None:

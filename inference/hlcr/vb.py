@@ -51,13 +51,14 @@ from jax.scipy.special import digamma, gammaln
 from inference import host_draws as hd
 from inference import host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
+from inference.base import Kernel
 from inference.hlcr.common import (
     TINY_LOG,
-    Hyper,
+    Config,
     PairData,
     at_once,
     cluster_sums,
-    make_hyper,
+    make_config,
     pair_data,
     prior_precision,
 )
@@ -76,7 +77,7 @@ class Info(NamedTuple):
     objective: jax.Array  # the bound (ELBO) after the iteration
 
 
-def _update_w(r, pdat: PairData, hyper: Hyper):
+def _update_w(r, pdat: PairData, hyper: Config):
     D, c, _ = cluster_sums(pdat.Gs, pdat.gs, r, hyper.K)
     D = D + prior_precision(pdat.Gs.shape[-1], hyper.delta)
     S = jnp.linalg.inv(D)
@@ -90,7 +91,7 @@ def _elogtheta(a):
     return d_a - d_sum
 
 
-def _psi_objective(u, elog_sum, hyper: Hyper):
+def _psi_objective(u, elog_sum, hyper: Config):
     """The bound's psi terms at log psi = log_softmax(u): (alpha/K - 1) sum log psi - N sum lgamma(beta psi)
     + beta sum_k psi_k sum_i E[log theta_ik]."""
     lp = jax.nn.log_softmax(u)
@@ -99,11 +100,11 @@ def _psi_objective(u, elog_sum, hyper: Hyper):
             + jnp.sum(bp * elog_sum))
 
 
-def _update_psi(log_psi, a, hyper: Hyper, n_steps: int = 30):
+def _update_psi(log_psi, a, hyper: Config, n_steps: int = 30):
     return _update_psi_from(log_psi, _elogtheta(a).sum(0), hyper, n_steps)
 
 
-def _update_psi_from(log_psi, elog_sum, hyper: Hyper, n_steps: int = 30):
+def _update_psi_from(log_psi, elog_sum, hyper: Config, n_steps: int = 30):
     """Monotone gradient ascent on the softmax logits given sum_i E[log theta_i]: a step is kept only if the
     objective does not drop, and the step size then grows by 1.5; otherwise it shrinks by 4. The server of fedvb
     runs it on the summed uploads."""
@@ -133,7 +134,7 @@ def _expected_loglik(m, S, pdat: PairData):
             - 0.5 * jnp.einsum("eij,kij->ek", pdat.Gs, second))
 
 
-def _update_theta(r, log_psi, pdat: PairData, hyper: Hyper):
+def _update_theta(r, log_psi, pdat: PairData, hyper: Config):
     return hyper.beta * jnp.exp(log_psi) + jax.ops.segment_sum(r, pdat.agent, num_segments=hyper.n_agents)
 
 
@@ -155,7 +156,7 @@ def theta_terms(a, elog, log_psi, beta):
                    - g_sum + jnp.sum(g_a, -1) - jnp.sum((a - 1) * elog, -1))
 
 
-def w_psi_terms(m, S, log_psi, hyper: Hyper):
+def w_psi_terms(m, S, log_psi, hyper: Config):
     """The bound's q(w), p(w) terms and log Dir(psi | alpha/K)."""
     K, F = m.shape
     _, logdet = jnp.linalg.slogdet(S)
@@ -171,7 +172,7 @@ def entropy_z(r):
     return -jnp.sum(jnp.where(r > 0, r * jnp.log(jnp.where(r > 0, r, 1.0)), 0.0))
 
 
-def elbo(state: State, pdat: PairData, hyper: Hyper, parts=None):
+def elbo(state: State, pdat: PairData, hyper: Config, parts=None):
     """The closed-form bound of the module docstring; ``parts``: as ``_update_z``'s."""
     r, m, S, a, log_psi = state
     ell, elog = (_expected_loglik(m, S, pdat), _elogtheta(a)) if parts is None else parts
@@ -187,7 +188,7 @@ def flat_dirichlet(key, shape) -> jax.Array:
     return e / jnp.sum(e, axis=-1, keepdims=True)
 
 
-def init(key, pdat: PairData, hyper: Hyper, w=None) -> State:
+def init(key, pdat: PairData, hyper: Config, w=None) -> State:
     """Random soft labels r_e ~ Dir(1), psi uniform, then q(w), q(theta) from them; ``w``: the pair mask (a
     padded pair gets r_e = 0; the draws of pair e do not depend on the padding)."""
     E = pdat.gs.shape[0]
@@ -198,7 +199,7 @@ def init(key, pdat: PairData, hyper: Hyper, w=None) -> State:
     return State(r, m, S, _update_theta(r, log_psi, pdat, hyper), log_psi)
 
 
-def iterate(state: State, pdat: PairData, hyper: Hyper, w=None) -> tuple[State, Info]:
+def iterate(state: State, pdat: PairData, hyper: Config, w=None) -> tuple[State, Info]:
     """One VB-EM iteration: q(w), psi, q(theta), q(z) in turn (each a block maximiser of the bound); ``w``: the
     pair mask."""
     m, S = _update_w(state.r, pdat, hyper)
@@ -210,11 +211,6 @@ def iterate(state: State, pdat: PairData, hyper: Hyper, w=None) -> tuple[State, 
     return new, Info(elbo(new, pdat, hyper, parts))
 
 
-class Kernel(NamedTuple):
-    init: object
-    step: object
-
-
 class Problem(NamedTuple):
     """The pairs' statistics and the pair mask (1.0 real, 0.0 padding)."""
 
@@ -223,14 +219,14 @@ class Problem(NamedTuple):
 
 
 @programs.cached(maxsize=32)
-def kernel(hyper: Hyper) -> Kernel:
+def kernel(hyper: Config) -> Kernel:
     """``init(key, problem)``, ``step(key, state, problem)`` for ``inference.loop`` (one per static hyper, so the
     loop compiles once per data shape); the problem is a ``Problem``. The step is deterministic."""
     return Kernel(lambda key, p: init(key, p.pdat, hyper, p.w), lambda key, state, p: iterate(state, p.pdat, hyper,
                                                                                               p.w))
 
 
-def run(key, pdat: PairData, hyper: Hyper, *, max_iter: int, tol: float, num_restarts: int = 1, progress=None):
+def run(key, pdat: PairData, hyper: Config, *, max_iter: int, tol: float, num_restarts: int = 1, progress=None):
     """``num_restarts`` runs (vectorised, ``inference.loop.run_until_converged``) from random soft labels, each
     until the relative bound change falls below ``tol`` or ``max_iter`` iterations; the one with the highest
     final bound is kept (``Run``: state, per-iteration ``info.objective``, every restart's final bound).
@@ -287,7 +283,7 @@ def run_vbem(ctx: FitContext) -> Draws:
     o = ctx.options
     inputs = ctx.model_kwargs
     pdat = pair_data(inputs)
-    hyper = make_hyper(ctx.hyper, inputs["n_agents"])
+    hyper = make_config(ctx.hyper, inputs["n_agents"])
     k_init = host_keys.fold_in(ctx.key, 0)   # split(key)[0]
     res = run(k_init, pdat, hyper, max_iter=o["max_iter"], tol=o["tol"], num_restarts=o["num_restarts"],
               progress=o["progress"])

@@ -36,7 +36,7 @@ from zoo.mppca import resolved_q
 LOG_2PI = float(np.log(2 * np.pi))
 
 
-class Cfg(NamedTuple):
+class Config(NamedTuple):
     """Static configuration (closed over, never traced)."""
 
     K: int
@@ -78,9 +78,9 @@ class Stats(NamedTuple):
     y2: jax.Array   # (K,)
 
 
-def cfg_from(hyper: dict, d: int, mixture: bool, paper_literal: bool = False) -> Cfg:
+def cfg_from(hyper: dict, d: int, mixture: bool, paper_literal: bool = False) -> Config:
     tf = hyper.get("tau_fixed")
-    return Cfg(K=int(hyper["K"]) if mixture else 1, q=resolved_q(hyper, d), d=d, mixture=mixture,
+    return Config(K=int(hyper["K"]) if mixture else 1, q=resolved_q(hyper, d), d=d, mixture=mixture,
                learn_tau=tf is None, tau=1.0 if tf is None else float(tf),
                alpha0=float(hyper.get("alpha0", 1.0)), a0=float(hyper["a0"]), b0=float(hyper["b0"]),
                nu0=float(hyper["nu0"]), a_tau=float(hyper["a_tau"]), b_tau=float(hyper["b_tau"]),
@@ -101,35 +101,35 @@ def chol_inv_logdet(A):
     return 0.5 * (inv + jnp.swapaxes(inv, -1, -2)), 2 * jnp.sum(jnp.log(jnp.diagonal(L, axis1=-2, axis2=-1)), -1)
 
 
-def tau_moments(cfg: Cfg, st: VBState):
+def tau_moments(cfg: Config, st: VBState):
     if cfg.learn_tau:
         return st.c_tau / st.e_tau, digamma(st.c_tau) - jnp.log(st.e_tau)
     return jnp.asarray(cfg.tau), jnp.log(cfg.tau)
 
 
-def e_log_omega(cfg: Cfg, st: VBState):
+def e_log_omega(cfg: Config, st: VBState):
     if not cfg.mixture:
         return jnp.zeros(1)
     return digamma(st.alpha) - digamma(jnp.sum(st.alpha))
 
 
-def e_lambda(cfg: Cfg, st: VBState):
+def e_lambda(cfg: Config, st: VBState):
     """EL_k = E[Lambda_k^T Lambda_k] = d SL_k + M_k^T M_k (K, q, q)."""
     return cfg.d * st.SL + jnp.einsum("kdi,kdj->kij", st.M, st.M)
 
 
-def update_alpha(cfg: Cfg, st: VBState, s: Stats) -> VBState:
+def update_alpha(cfg: Config, st: VBState, s: Stats) -> VBState:
     return st._replace(alpha=cfg.alpha0 + s.N)
 
 
-def update_mu(cfg: Cfg, st: VBState, s: Stats, mu0) -> VBState:
+def update_mu(cfg: Config, st: VBState, s: Stats, mu0) -> VBState:
     Et, _ = tau_moments(cfg, st)
     s2 = 1.0 / (cfg.nu0 + Et * s.N)
     m_mu = s2[:, None] * (cfg.nu0 * mu0 + Et * (s.y - jnp.einsum("kdq,kq->kd", st.M, s.s)))
     return st._replace(m_mu=m_mu, s2_mu=s2)
 
 
-def update_lambda(cfg: Cfg, st: VBState, s: Stats) -> VBState:
+def update_lambda(cfg: Config, st: VBState, s: Stats) -> VBState:
     Et, _ = tau_moments(cfg, st)
     Enu = st.a_nu / st.b_nu
     SL, _ = chol_inv_logdet(jax.vmap(jnp.diag)(Enu) + Et * s.S)
@@ -137,16 +137,16 @@ def update_lambda(cfg: Cfg, st: VBState, s: Stats) -> VBState:
     return st._replace(SL=SL, M=Et * jnp.einsum("kdq,kqp->kdp", B, SL))
 
 
-def col_norm2(cfg: Cfg, st: VBState):
+def col_norm2(cfg: Config, st: VBState):
     """E|Lambda_k^j|^2 = d SL_jj + |M^(j)|^2 (K, q)."""
     return cfg.d * jnp.diagonal(st.SL, axis1=-2, axis2=-1) + jnp.sum(st.M**2, 1)
 
 
-def update_nu(cfg: Cfg, st: VBState) -> VBState:
+def update_nu(cfg: Config, st: VBState) -> VBState:
     return st._replace(a_nu=jnp.full_like(st.a_nu, cfg.a0 + cfg.d / 2), b_nu=cfg.b0 + 0.5 * col_norm2(cfg, st))
 
 
-def q_terms(cfg: Cfg, st: VBState, s: Stats):
+def q_terms(cfg: Config, st: VBState, s: Stats):
     """Q_k = sum_n r_nk E|y_n - Lambda_k x - mu_k|^2 (K,)."""
     Emu2 = jnp.sum(st.m_mu**2, -1) + cfg.d * st.s2_mu
     B = s.SY - jnp.einsum("kd,kq->kdq", st.m_mu, s.s)
@@ -154,7 +154,7 @@ def q_terms(cfg: Cfg, st: VBState, s: Stats):
             + jnp.einsum("kij,kji->k", e_lambda(cfg, st), s.S))
 
 
-def update_tau(cfg: Cfg, st: VBState, s: Stats, n_rows) -> VBState:
+def update_tau(cfg: Config, st: VBState, s: Stats, n_rows) -> VBState:
     if not cfg.learn_tau:
         return st
     return st._replace(c_tau=jnp.asarray(cfg.a_tau + n_rows * cfg.d / 2),
@@ -168,7 +168,7 @@ def _gamma_elbo(a0, b0, a, b):
             - (a * jnp.log(b) - gammaln(a) + (a - 1) * Elog - a))
 
 
-def bound_from(cfg: Cfg, st: VBState, s: Stats, n_total, zpart, mu0):
+def bound_from(cfg: Config, st: VBState, s: Stats, n_total, zpart, mu0):
     """F from the statistics ``s`` (data or virtual, N3.3/N3.5), the Z part sum r (E ln omega - ln r) (weighted
     for virtual samples) and the parameter terms; ``n_total`` = number of (virtual) points."""
     N = n_total
@@ -228,7 +228,7 @@ def effective_rank(M, tau, threshold=0.1):
     return q
 
 
-def summary_of(cfg: Cfg, st: VBState, prune_below=2.0, rank_threshold=0.1) -> dict:
+def summary_of(cfg: Config, st: VBState, prune_below=2.0, rank_threshold=0.1) -> dict:
     """Point summary of a fit: kept components (N_k > prune_below), their weights alpha_k / sum alpha over
     kept, means, rotated loadings, Algorithm-1 ranks, covariance C_k = M M^T + E[tau]^-1 I (plug-in GMM). On the
     host, in NumPy (no JAX operation run one at a time)."""
@@ -255,7 +255,7 @@ def gmm_logpdf(Y, weights, means, covs):
     return scipy.special.logsumexp(np.stack(out, 1), axis=1)   # NumPy data: SciPy's, not JAX's op by op
 
 
-def point_draws(cfg: Cfg, pi, mu, W, sig2):
+def point_draws(cfg: Config, pi, mu, W, sig2):
     """One 'draw' (chain 1, draw 1) of the model sites at point estimates; nu at its ML value d/|W^j|^2."""
     W = np.asarray(W, float)
     nu = cfg.d / np.maximum(np.sum(W**2, axis=1), 1e-12)

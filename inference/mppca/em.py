@@ -14,7 +14,6 @@ and each row's log-likelihood: a padded row adds nothing to N_k, mu_k, S_k, pi o
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -24,8 +23,9 @@ from jax.scipy.special import logsumexp
 
 from inference import host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
+from inference.base import Kernel
 from inference.loop import Run, StopRule, run_until_converged
-from inference.mppca.common import LOG_2PI, Cfg, cfg_from, chol_inv_logdet, point_draws
+from inference.mppca.common import LOG_2PI, Config, cfg_from, chol_inv_logdet, point_draws
 from inference.mppca.vbem import initial_state, row_mask
 
 
@@ -86,15 +86,8 @@ def em_step(state: State, Y, tau_fixed, w=None) -> tuple[State, jax.Array]:
     return State(pi_new, mu_new, W_new, sig2_new), ll
 
 
-class Kernel(NamedTuple):
-    """``init(key, problem) -> State``, ``step(key, state, problem) -> (State, Info)`` (the key is unused)."""
-
-    init: Callable
-    step: Callable
-
-
 @programs.cached(maxsize=32)
-def kernel(cfg: Cfg) -> Kernel:
+def kernel(cfg: Config) -> Kernel:
     """The EM kernel for one static configuration (cached, so ``inference.loop`` compiles it once)."""
     tau_fixed = None if cfg.learn_tau else cfg.tau
 
@@ -111,7 +104,7 @@ def kernel(cfg: Cfg) -> Kernel:
     return Kernel(init, step)
 
 
-def fit_em(Y, hyper, key, *, mixture=True, max_iter=1000, tol=1e-8, chunk=None, progress=None) -> tuple[Cfg, Run]:
+def fit_em(Y, hyper, key, *, mixture=True, max_iter=1000, tol=1e-8, chunk=None, progress=None) -> tuple[Config, Run]:
     """ML EM for MPPCA (K = 1: PPCA) from the VB initialisation until the relative change of the log-likelihood
     is <= ``tol`` or ``max_iter``: returns (cfg, ``inference.loop.Run``; ``info.objective`` is the monotone
     log-likelihood trace)."""

@@ -28,7 +28,7 @@ models it already summarises (the count-weighted variant of E16; ``equal_mass=Tr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -37,6 +37,7 @@ import numpy as np
 import xarray as xr
 
 from inference import programs
+from inference.base import Kernel
 from inference.loop import StopRule, run_until_converged
 from inference.mppca import common as V
 
@@ -115,7 +116,7 @@ class Problem(NamedTuple):
     mu0: jax.Array    # (K, d) prior means of the output components
 
 
-def _xz_ess(cfg: V.Cfg, st: V.VBState, inp: Inputs):
+def _xz_ess(cfg: V.Config, st: V.VBState, inp: Inputs):
     Et, _ = V.tau_moments(cfg, st)
     EL = V.e_lambda(cfg, st)
     Sx, ldP = V.chol_inv_logdet(jnp.eye(cfg.q) + Et * EL)
@@ -150,7 +151,7 @@ def _stats_ess(ms: State, inp: Inputs) -> V.Stats:
     return V.Stats(N=N, y=wr.T @ inp.mu, s=s, SY=SY, S=S, y2=y2)
 
 
-def _xz_paper(cfg: V.Cfg, st: V.VBState, inp: Inputs):
+def _xz_paper(cfg: V.Config, st: V.VBState, inp: Inputs):
     Et, _ = V.tau_moments(cfg, st)
     EL = V.e_lambda(cfg, st)
     Sx, ldP = V.chol_inv_logdet(jnp.eye(cfg.q) + Et * EL)
@@ -180,7 +181,7 @@ def _stats_paper(ms: State, inp: Inputs, q: int) -> V.Stats:
     return V.Stats(N=N, y=wr.T @ inp.mu, s=wm.sum(0), SY=SY, S=S, y2=y2)
 
 
-def merge_bound(cfg: V.Cfg, ms: State, inp: Inputs, mu0, variant: str):
+def merge_bound(cfg: V.Config, ms: State, inp: Inputs, mu0, variant: str):
     st = ms.vb
     Elo = V.e_log_omega(cfg, st)
     zpart = jnp.sum(st.r * (inp.w[:, None] * Elo[None] - jnp.log(jnp.clip(st.r, 1e-300))))
@@ -203,7 +204,7 @@ def merge_bound(cfg: V.Cfg, ms: State, inp: Inputs, mu0, variant: str):
     return F
 
 
-def merge_sweep(cfg: V.Cfg, ms: State, inp: Inputs, mu0, variant: str, record: bool = False):
+def merge_sweep(cfg: V.Config, ms: State, inp: Inputs, mu0, variant: str, record: bool = False):
     """alpha; X/Z; statistics; mu; Lambda; nu (tau fixed). Returns (state, bound) or all per-factor bounds."""
     stats = (lambda m: _stats_ess(m, inp)) if variant == "ess" else (lambda m: _stats_paper(m, inp, cfg.q))
     rec = []
@@ -258,7 +259,7 @@ def initial_partition(init: str, inp: Inputs, K: int, rng: np.random.Generator):
     return lab, cen
 
 
-def merge_init(cfg: V.Cfg, inp: Inputs, lab, cen) -> State:
+def merge_init(cfg: V.Config, inp: Inputs, lab, cen) -> State:
     """State from a hard assignment ``lab`` (L,) of inputs to components (empty ones sit at ``cen``), loadings from
     the assigned inputs' covariance (a non-zero M, E17)."""
     L, d = inp.mu.shape
@@ -288,14 +289,6 @@ def merge_init(cfg: V.Cfg, inp: Inputs, lab, cen) -> State:
     return State(st, jnp.zeros((cfg.K, cfg.q, d)), mean)
 
 
-class Kernel(NamedTuple):
-    """``init(key, problem) -> State`` (VBmix's "box" start), ``step(key, state, problem) -> (State, Info)`` (one
-    merging sweep; the key is unused)."""
-
-    init: Callable
-    step: Callable
-
-
 def box_partition(key, mu, K: int):
     """VBmix's start (N3.4): K centres uniform in the box of the input means enlarged by half its span; each input
     to the nearest centre. Returns (labels (L,), centres (K, d))."""
@@ -305,7 +298,7 @@ def box_partition(key, mu, K: int):
 
 
 @programs.cached(maxsize=32)
-def kernel(cfg: V.Cfg, variant: str) -> Kernel:
+def kernel(cfg: V.Config, variant: str) -> Kernel:
     """The merging kernel for one static configuration and variant (cached: ``inference.loop`` compiles once)."""
 
     def init(key, problem: Problem) -> State:
@@ -319,7 +312,7 @@ def kernel(cfg: V.Cfg, variant: str) -> Kernel:
 
 
 @programs.cached(maxsize=32)
-def _starts(cfg: V.Cfg):
+def _starts(cfg: V.Config):
     """States from host-drawn partitions (labels (R, L), centres (R, K, d)), one per restart."""
     return jax.jit(jax.vmap(lambda lab, cen, inp: merge_init(cfg, inp, lab, cen), in_axes=(0, 0, None)))
 

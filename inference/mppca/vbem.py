@@ -34,7 +34,6 @@ back to the real rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -45,9 +44,10 @@ import xarray as xr
 from inference import host_draws as hd
 from inference import host_keys, programs
 from inference._methods import Draws, FitContext, Option, register_method
+from inference.base import Kernel
 from inference.loop import Run, StopRule, run_until_converged
 from inference.mppca.common import (
-    Cfg,
+    Config,
     Stats,
     VBState,
     bound_from,
@@ -89,7 +89,7 @@ class Info(NamedTuple):
 # --------------------------------------------------------------------------------------------------
 
 
-def update_xz(cfg: Cfg, st: VBState, Y, w=None) -> VBState:
+def update_xz(cfg: Config, st: VBState, Y, w=None) -> VBState:
     """q(x, z) given the parameter factors (eq. 53 with the +1/2 ln|Sx_k| of erratum E4); a padded row (``w_n =
     0``) gets r_n = 0."""
     Et, _ = tau_moments(cfg, st)
@@ -117,7 +117,7 @@ def stats_of(st: VBState, Y) -> Stats:
                  S=N[:, None, None] * st.Sx + jnp.einsum("nki,nkj->kij", rm, m), y2=r.T @ jnp.sum(Y**2, -1))
 
 
-def bound(cfg: Cfg, st: VBState, problem: Problem):
+def bound(cfg: Config, st: VBState, problem: Problem):
     """The variational lower bound F (N3.3, all constants) at the current state."""
     Y, mu0, w = problem
     s = stats_of(st, Y)
@@ -125,7 +125,7 @@ def bound(cfg: Cfg, st: VBState, problem: Problem):
     return bound_from(cfg, st, s, jnp.sum(row_mask(Y, w)), zpart, mu0)
 
 
-def sweep(cfg: Cfg, st: VBState, problem: Problem, record: bool = False):
+def sweep(cfg: Config, st: VBState, problem: Problem, record: bool = False):
     """One VB-EM sweep: alpha; X/Z; stats; mu; Lambda; nu; tau. Returns (state, bound) or, with ``record``,
     (state, bounds after each factor update: [alpha, xz, mu, Lambda, nu, tau])."""
     Y, mu0, w = problem
@@ -180,7 +180,7 @@ def kmeans_labels(key, Y, K, iters=20, w=None):
     return jnp.argmin(jnp.sum((Y[:, None] - C[None]) ** 2, -1), -1), C
 
 
-def initial_state(cfg: Cfg, key, Y, w=None) -> VBState:
+def initial_state(cfg: Config, key, Y, w=None) -> VBState:
     """k-means responsibilities, per-cluster PCA loadings (notes E17: M must not start at 0); padded rows (``w_n =
     0``) have r_n = 0."""
     d = Y.shape[1]
@@ -214,17 +214,8 @@ def initial_state(cfg: Cfg, key, Y, w=None) -> VBState:
                    e_tau=c_tau * sig2)
 
 
-class Kernel(NamedTuple):
-    """``init(key, problem) -> VBState``, ``step(key, state, problem) -> (VBState, Info)`` (one sweep; the key is
-    unused: VB-EM is deterministic), ``draw(key, state, n) -> (draws, log_q)``."""
-
-    init: Callable
-    step: Callable
-    draw: Callable
-
-
 @programs.cached(maxsize=64)
-def kernel(cfg: Cfg) -> Kernel:
+def kernel(cfg: Config) -> Kernel:
     """The VB-EM kernel for one static configuration (cached, so ``inference.loop`` compiles it once)."""
 
     def init(key, problem: Problem) -> VBState:
@@ -241,7 +232,7 @@ def kernel(cfg: Cfg) -> Kernel:
 
 
 def fit_vbem(Y, hyper, key, *, mixture=True, num_restarts=1, max_iter=1000, tol=1e-7, paper_literal=False,
-             chunk=None, progress=None) -> tuple[Cfg, Run]:
+             chunk=None, progress=None) -> tuple[Config, Run]:
     """Run VB-EM on ``Y`` (no DataTree) from ``num_restarts`` k-means initialisations in parallel until every
     restart's relative bound change is <= ``tol`` or ``max_iter``: returns (cfg, ``inference.loop.Run``; its
     ``info.objective`` is the bound after every sweep of the best restart). The rows are padded to
@@ -259,7 +250,7 @@ def fit_vbem(Y, hyper, key, *, mixture=True, num_restarts=1, max_iter=1000, tol=
     return cfg, run._replace(state=st._replace(r=st.r[:n], m=st.m[:n]))
 
 
-def _draw_q(cfg: Cfg, st: VBState, seed, S: int):
+def _draw_q(cfg: Config, st: VBState, seed, S: int):
     """S draws of (omega, nu, Wt, mu, tau) from the q factors and log q at each (constrained space), in NumPy from
     ``np.random.default_rng(seed)`` (``inference.host_draws``: a one-shot job, not worth compiling)."""
     rng = np.random.default_rng(seed)
@@ -291,7 +282,7 @@ def _draw_q(cfg: Cfg, st: VBState, seed, S: int):
     return post, lq
 
 
-def _variational_group(cfg: Cfg, st: VBState, summ: dict) -> xr.Dataset:
+def _variational_group(cfg: Config, st: VBState, summ: dict) -> xr.Dataset:
     """Group ``variational``: the point summary (N_k, kept, rank, weight, E_nu, E_tau) and every parameter of
     q, so that ``log_q`` and the bound can be recomputed from the tree: alpha (Dirichlet q(omega); absent for
     ppca), a_nu, b_nu (Gamma shape/rate of q(nu)), M, SL (q(Lambda_k) rows N(M_k^i, SL_k)), m_mu, s2_mu

@@ -22,7 +22,8 @@ LIKELIHOOD_OF = {"ssgp_lmm": "gaussian", "ssgp_logit": "logit", "ssgp_probit": "
 
 
 class Config(NamedTuple):
-    """Static (hashable) description of a fit: sizes, likelihood, prior scales, chunking."""
+    """The static (hashable) configuration of a fit (``inference.base``): sizes, likelihood, prior scales,
+    chunking, and the VB's step options (``inference.ssgp.vb.step``; defaults = the method's)."""
     likelihood: str
     n: int
     m: int
@@ -36,6 +37,10 @@ class Config(NamedTuple):
     chunk: int        # observations per chunk
     n_chunks: int     # chunks: n_chunks * chunk >= bucket(n) rows
     factorisation: str = "joint"  # "joint": q(alpha, beta) one Gaussian block; "mean_field": q(alpha) q(beta)
+    warm_start: int = 3           # VB: first sweeps with q(lam) frozen
+    step_max: float = 1e4         # VB: largest over-relaxed NCVMP step on the lam mean
+    backtrack: bool = True        # VB: adaptive step with backtracking (False: plain NCVMP, a = 1)
+    mu_lam_init: tuple[float, ...] = (0.5,)  # VB: initial mean of q(lam)
 
 
 class Data(NamedTuple):

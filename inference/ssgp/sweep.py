@@ -32,8 +32,15 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import cho_solve
 
-from inference.ssgp.bound import (eta_moments, h_terms, inv_and_logdet_spd, lower_bound, prior_prec_beta, pseudo,
-                                  pseudo_terms)
+from inference.ssgp.bound import (
+    eta_moments,
+    h_terms,
+    inv_and_logdet_spd,
+    lower_bound,
+    prior_prec_beta,
+    pseudo,
+    pseudo_terms,
+)
 from inference.ssgp.features import expectations, ncvmp_terms, quad_features
 
 INNER = 10  # CAVI passes over (alpha, beta, scales[, y*]) per lam step (``_coefficients_and_scales``)
@@ -102,8 +109,8 @@ def sweep(cfg, data, st, a, f2_coef=-0.25, lam=None, b=0.0, pseudo_data=None):
 
     ``lam``: the (g, P) of ``lam_terms`` at ``st``, if already computed; ``pseudo_data``: (w, yt) at ``st``
     (default: ``st.w, st.yt``, which the sweep or ``init`` that made ``st`` left there). ``b`` > 0 also tries
-    starting steps 4-7 from the coefficient scales extrapolated along their last change, (C_sigma, C_tau) + b dC, and keeps
-    whichever of the two sweeps ends with the higher bound (``b`` used, or 0). Both end with the exact CAVI
+    starting steps 4-7 from the coefficient scales extrapolated along their last change, (C_sigma, C_tau) + b dC,
+    and keeps whichever of the two sweeps ends with the higher bound (``b`` used, or 0). Both end with the exact CAVI
     update of every C, so the bound stays exact; the extrapolation only speeds up the slow EM-like drift of
     C_sigma (sigma is weakly identified: C_sigma crept by ~0.07 per sweep for hundreds of sweeps at n = 2000)."""
     w, yt = (st.w, st.yt) if pseudo_data is None else pseudo_data   # 1
@@ -137,7 +144,8 @@ def sweep(cfg, data, st, a, f2_coef=-0.25, lam=None, b=0.0, pseudo_data=None):
 def _changed_fields(cfg):
     """The state fields ``_coefficients_and_scales`` changes (besides ``it``)."""
     return (("mu_a", "Sig_a", "mu_b", "Sig_b", "Sig_ab", "C_sig", "C_tau", "w", "yt", "logdet_cov", "bound")
-            + (("C_gam",) if cfg.likelihood == "gaussian" else ()) + (("xi", "qz") if cfg.likelihood == "logit" else ()))
+            + (("C_gam",) if cfg.likelihood == "gaussian" else ())
+            + (("xi", "qz") if cfg.likelihood == "logit" else ()))
 
 
 def _coefficients_and_scales(cfg, data, st):

@@ -1,7 +1,7 @@
 """The ssgp VB kernel (Tan & Nott 2016; Lim 2016; notes 002 §3) in the shape of ``inference.loop``: ``State``,
 ``Info``, ``init(key, problem)``, ``step(key, state, problem)``, ``draw(seed, state, n)`` (NumPy, on the host),
-with the static configuration (``problem.Config`` and the step ``Settings``) closed over by ``kernel`` (one set of
-functions per configuration, so the loop compiles once); the registered method ``vb``.
+with the static configuration (``problem.Config``, the step options included) closed over by ``kernel`` (one set
+of functions per configuration, so the loop compiles once); the registered method ``vb``.
 
 Mean-field family q(lam) q(alpha, beta) q(sigma) q(tau) [q(gamma) | q(y*) | xi] with beta = (beta0,
 A-coefficients, random effects b flattened (group, term)); one sweep is ``inference.ssgp.sweep.sweep``.
@@ -41,6 +41,7 @@ import xarray as xr
 from inference import host_draws as hd
 from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
+from inference.base import Kernel
 from inference.loop import Run, StopRule, run_until_converged
 from inference.ssgp.bound import joint_cov, pseudo
 from inference.ssgp.hfunction import inv_moment, sample_scale_host, scale_log_density
@@ -87,33 +88,15 @@ class Info(NamedTuple):
     may_stop: jax.Array   # the lam mean has stopped moving (and the warm start is over): see ``step``
 
 
-class Settings(NamedTuple):
-    """Static step options (hashable): see ``step`` and the method's options."""
-    warm_start: int = 3
-    step_max: float = 1e4
-    backtrack: bool = True
-    mu_lam_init: tuple[float, ...] = (0.5,)
-
-
-DEFAULT_SETTINGS = Settings()
-
-
-class Kernel(NamedTuple):
-    init: object
-    step: object
-    draw: object
-
-
 @programs.cached(maxsize=32)
-def kernel(cfg: Config, settings: Settings = DEFAULT_SETTINGS) -> Kernel:
+def kernel(cfg: Config) -> Kernel:
     """``init(key, problem)``, ``step(key, state, problem)`` (compiled by the loop) and ``draw(seed, state,
     num_samples, n) -> (draws, log_q)`` (NumPy, on the host: ``draw``) for one static configuration; cached, so
     repeated fits share the loop's compiled program."""
-    return Kernel(functools.partial(init, cfg, settings), functools.partial(step, cfg, settings),
-                  functools.partial(draw, cfg))
+    return Kernel(functools.partial(init, cfg), functools.partial(step, cfg), functools.partial(draw, cfg))
 
 
-def init(cfg, settings, key, problem):
+def init(cfg, key, problem):
     """Initial factors (notes §3.3; deterministic, ``key`` unused): mu_lam = 0.5 (never 0), Sigma_lam = 0.5 I,
     C_sigma = (m-1) v, C_gamma = (n/2 - 1) v/4 (v = var y; 1 for the binary models), C_tau = (J/2 - 1)/2,
     mu_alpha = 0, Sigma_alpha = Sigma_beta = 0.1 I, xi = 1. E[Z] and E[Z^T W Z] start at 0: the first sweep
@@ -129,7 +112,7 @@ def init(cfg, settings, key, problem):
         v = jnp.maximum(jnp.sum(data.mask * (data.y - ybar) ** 2) / jnp.maximum(n - 1, 1), 1e-6)
     else:
         v = jnp.asarray(1.0)
-    mu_lam = jnp.broadcast_to(jnp.asarray(settings.mu_lam_init, dtype=jnp.float64), (d,))
+    mu_lam = jnp.broadcast_to(jnp.asarray(cfg.mu_lam_init, dtype=jnp.float64), (d,))
     Sig_lam = 0.5 * jnp.eye(d)
     Np = data.X.shape[0]
     st = State(mu_lam=mu_lam, Sig_lam=Sig_lam, P_lam=2.0 * jnp.eye(d), mu_a=jnp.zeros(2 * m),
@@ -147,7 +130,7 @@ def init(cfg, settings, key, problem):
     return st._replace(w=w, yt=yt)
 
 
-def step(cfg, settings, key, st, data):
+def step(cfg, key, st, data):
     """One accepted sweep (notes §3.3, with adaptive over-relaxation of the lam mean, see ``lam_update``).
 
     Try a = min(GROW a_prev, step_max) (a = 1 right after the warm start); while the bound would decrease,
@@ -157,7 +140,7 @@ def step(cfg, settings, key, st, data):
 
     ``Info.may_stop``: the warm start is over (``it > warm_start + 2``) and the lam mean moved less than
     ``LAM_TOL`` sd of q(lam) (Mahalanobis) in this sweep; the loop's rule on the bound needs it too."""
-    warm_start, step_max, backtrack = settings.warm_start, settings.step_max, settings.backtrack
+    warm_start, step_max, backtrack = cfg.warm_start, cfg.step_max, cfg.backtrack
     if backtrack:
         a_try = jnp.where(st.it < warm_start, 0.0,
                           jnp.where(st.it == warm_start, 1.0, jnp.minimum(GROW * jnp.maximum(st.a, 0.25), step_max)))
@@ -227,9 +210,9 @@ def run(cfg: Config, data: Data, *, max_iter=1000, tol=1e-6, warm_start=3, step_
         mu_lam_init=0.5, progress=None, key=None) -> Run:
     """Sweeps (``step``) from ``init`` until the stopping rule (module docstring) or ``max_iter`` sweeps, through
     ``inference.loop.run_until_converged``; the VB is deterministic, so ``key`` only feeds the loop."""
-    settings = Settings(int(warm_start), float(step_max), bool(backtrack),
-                        tuple(float(v) for v in np.ravel(mu_lam_init)))
-    k = kernel(program_config(cfg), settings)
+    k = kernel(program_config(cfg)._replace(warm_start=int(warm_start), step_max=float(step_max),
+                                            backtrack=bool(backtrack),
+                                            mu_lam_init=tuple(float(v) for v in np.ravel(mu_lam_init))))
     key = jax.random.key(0) if key is None else key
     return run_until_converged(k.init, k.step, data, key, StopRule(int(max_iter), float(tol)), chunk=CHUNK,
                                progress=progress, desc="ssgp vb", compiler_options=compiler_options(cfg))
