@@ -7,7 +7,10 @@ whose sum equals NumPyro's own ``log_density`` of the model at the draws (the or
 ``numpyro.infer.util.log_density``, not our per-site evaluation), and identical draws for the same seed. The
 same fits count XLA programs (JAX's own compile events): the first fit builds at most ``XLA_PROGRAMS[pair]``,
 and a second fit, with the same seed or another one, builds none; nor does a fit that changes only the budgets
-(``BUDGETS``: iterations, tolerance, draws, warm-up, thinning) and the seed.
+(``BUDGETS``: iterations, tolerance, draws, warm-up, thinning) and the seed. A hand-written kernel's fit builds
+its kernel through a registered factory (``kernel``) that returns ``inference.base.Kernel``, and no module of
+``inference`` defines a kernel record or a static-settings name of its own (``inference.base``: one ``Kernel``,
+every static configuration a ``Config``).
 A new kernel or model is covered without touching this file (the pairs come from the registry).
 """
 
@@ -20,6 +23,7 @@ from numpyro.infer.util import log_density
 
 import inference
 import zoo
+from inference import base, programs
 from inference._methods import get_method
 from inference._timing import Stopwatch
 from inference.trees import latent_sites, trace_structure
@@ -114,12 +118,50 @@ def target(method: str) -> int:
     return 6 if method in ("nuts", "svi") else 3
 
 
+# methods that run no kernel of inference.loop: NumPyro's NUTS and SVI, scikit-learn's BayesianGaussianMixture
+NO_KERNEL = {"nuts", "svi", "vbgmm"}
+
+
+class kernel_factories:
+    """Within the block, what every registered kernel factory (a ``programs.cached`` builder named ``kernel``)
+    returned, cache hits too: ``.built`` a list of (factory name, result)."""
+
+    def __enter__(self):
+        self.built, self._call = [], programs.Cached.__call__
+        built, call = self.built, self._call
+
+        def recording(cached, *args, **kwargs):
+            out = call(cached, *args, **kwargs)
+            if cached.name.rsplit(".", 1)[-1] == "kernel":
+                built.append((cached.name, out))
+            return out
+
+        programs.Cached.__call__ = recording
+        return self
+
+    def __exit__(self, *exc):
+        programs.Cached.__call__ = self._call
+
+
+def check_kernel_records(model: str, method: str, built: list) -> None:
+    """A hand-written kernel's fit builds its kernel through a registered factory, and every factory returns the
+    one record of ``inference.base`` (the federated factories: with their protocol and audit log)."""
+    if method in NO_KERNEL:
+        return
+    assert built, f"{model}/{method}: no registered kernel factory ran"
+    for name, out in built:
+        kernel = out if isinstance(out, base.Kernel) else out[0]
+        assert isinstance(kernel, base.Kernel), f"{model}/{method}: {name} returned {type(out).__name__}"
+        assert callable(kernel.init) and callable(kernel.step), f"{model}/{method}: {name}: init/step"
+
+
 def check_contract(model: str, method: str, seed: int = 3) -> None:
     spec = zoo.get(model)
     data, _ = spec.tiny_data()
     options = tiny_options(model, method)
-    with Stopwatch() as first:
+    with Stopwatch() as first, kernel_factories() as factories:
         tree = inference.fit(model, data, method, seed=seed, **options)
+    check_kernel_records(model, method, factories.built)
     bound = XLA_PROGRAMS.get((model, method), target(method))
     assert len(first.xla_compiles) <= bound, \
         f"{model}/{method}: the first fit built {len(first.xla_compiles)} XLA programs (bound {bound}): " \
@@ -179,3 +221,24 @@ PAIRS = [(m, meth) for m in zoo.list_models() for meth in inference.methods_for(
 @pytest.mark.parametrize(("model", "method"), PAIRS, ids=[f"{m}-{meth}" for m, meth in PAIRS])
 def test_every_registered_pair_keeps_the_contract_on_tiny_data(model, method):
     check_contract(model, method)
+
+
+RETIRED_NAMES = {"Kernel", "SamplerKernel", "Cfg", "Flags", "Settings", "Hyper"}
+
+
+def test_no_module_of_inference_defines_its_own_kernel_record_or_settings_name():
+    """``inference.base`` holds the one kernel record; static settings are called ``Config`` everywhere (the
+    names this replaced: ``RETIRED_NAMES``). Read from the source, so it covers modules no fit imports."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(inference.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "base.py" and path.parent == root:
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and node.name in RETIRED_NAMES:
+                found.append(f"{path.relative_to(root)}: class {node.name}")
+    assert found == []
+    assert sorted(base.Kernel._fields) == ["chains", "collect", "draw", "init", "step"]

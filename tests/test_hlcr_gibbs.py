@@ -528,11 +528,11 @@ def test_the_log_joint_computed_on_the_host_equals_the_programs():
     of states (1e-12 relative: lgamma's last bits and the sums' order)."""
     import jax
 
-    from inference.hlcr.common import Hyper, collapsed_log_joint, host_collapsed_log_joint
+    from inference.hlcr.common import Config, collapsed_log_joint, host_collapsed_log_joint
 
     rng = np.random.default_rng(8)
     K, F, N = 3, 2, 4
-    hyper = Hyper(K, 1.3, 0.7, 1.5, 0.5, N)
+    hyper = Config(K, 1.3, 0.7, 1.5, 0.5, N)
     A = rng.normal(size=(5, K, F, F))
     D = np.eye(F) / hyper.delta**2 + A @ np.swapaxes(A, -1, -2)
     c = rng.normal(size=(5, K, F))
