@@ -24,8 +24,9 @@ import numpyro.distributions as dist
 from jax.scipy.special import digamma, gammaln
 
 import zoo
-from inference import Draws, host_draws, register_method
+from inference import Draws, host_draws, programs, register_method
 from inference._methods import Option
+from inference.base import Kernel
 from inference.loop import StopRule, run_until_converged
 
 # ---- the model (recipe step 1: zoo/<model>.py) --------------------------------------------------------
@@ -111,6 +112,13 @@ def draw(seed, state: State, n: int):
     return {"mu": mu, "lam": lam}, host_draws.normal_log_pdf(mu, st.m, sd) + host_draws.gamma_log_pdf(lam, st.a, st.b)
 
 
+@programs.cached
+def kernel() -> Kernel:
+    """The kernel record (``inference.base``). The toy has no static settings (its hyperparameters are arrays of the
+    problem), so its factory takes no ``Config``."""
+    return Kernel(init, step, draw)
+
+
 @register_method("cavi", kind="variational", models=("toy_normal_gamma",), options={
     "max_iter": Option(100, "positive_int", "most CAVI sweeps", tiny=20),
     "tol": Option(1e-10, "positive", "relative ELBO change that stops the sweeps"),
@@ -120,9 +128,10 @@ def run(ctx) -> Draws:
     o, h = ctx.options, ctx.hyper
     # NumPy arrays: compiled programs take them as they are (jnp.asarray would run as programs of their own)
     problem = Problem(np.asarray(ctx.data["y"], float), *(np.float64(h[k]) for k in ("m0", "k0", "a0", "b0")))
-    result = run_until_converged(init, step, problem, ctx.key, StopRule(o["max_iter"], o["tol"]),
+    k = kernel()
+    result = run_until_converged(k.init, k.step, problem, ctx.key, StopRule(o["max_iter"], o["tol"]),
                                  progress=o["progress"], desc="toy cavi")
-    draws, log_q = draw((ctx.seed, 1), result.state, o["num_samples"])
+    draws, log_q = k.draw((ctx.seed, 1), result.state, o["num_samples"])
     return Draws(posterior={k: v[None] for k, v in draws.items()}, sample_stats={"log_q": log_q[None]},
                  traces={"elbo": result.info.objective}, objective=result.objective,
                  converged=result.converged, n_iter=result.n_iter)
