@@ -122,22 +122,25 @@ def sweep(cfg, data, st, a, f2_coef=-0.25, lam=None, b=0.0, pseudo_data=None):
     if isinstance(b, float) and b == 0.0:
         new = _coefficients_and_scales(cfg, data, st)._replace(b=jnp.asarray(0.0))
     else:
-        # both starts of steps 4-7, one after the other (``lax.map``: one copy of them in the compiled program, traced
-        # once; batched by ``vmap``, their tracing took a third longer and the program compiled no faster)
+        # both starts of steps 4-7, one after the other in a loop of two rounds (one copy of them in the compiled
+        # program, traced once; batched by ``vmap``, their tracing took a third longer and the program compiled no
+        # faster; as a ``lax.map`` their outputs were stacked, each field costing a zero buffer, an update and a slice)
         C = jnp.concatenate([st.C_sig[None], st.C_tau])
         C_ext = C + b * st.dC
         C_ext = jnp.where(C_ext > 0.5 * C, C_ext, C)                  # keep the scales positive
-        # the map returns only the fields steps 4-7 change: each returned field costs the program a stacking
-        # update in the loop and a slice after it
-        def start(c):
-            out = _coefficients_and_scales(cfg, data, st._replace(C_sig=c[0], C_tau=c[1:]))
-            return {k: getattr(out, k) for k in _changed_fields(cfg)}
+        fields = _changed_fields(cfg)
 
-        both = jax.lax.map(start, jnp.stack([C, C_ext]))
-        use = both["bound"][1] > both["bound"][0]
-        pick = use.astype(jnp.int32)
-        new = st._replace(**{k: jax.lax.dynamic_index_in_dim(x, pick, keepdims=False) for k, x in both.items()},
-                          it=st.it + 1, b=jnp.where(use, b, 0.0))
+        def start(k, carry):
+            # start k (0: C, 1: C_ext); the carry holds the fields steps 4-7 change of the better start so far
+            # (start 1 only where its bound is strictly higher) and which start that was
+            best, kept = carry
+            c = jnp.where(k == 0, C, C_ext)
+            out = _coefficients_and_scales(cfg, data, st._replace(C_sig=c[0], C_tau=c[1:]))
+            better = (k == 0) | (out.bound > best["bound"])
+            return {f: jnp.where(better, getattr(out, f), best[f]) for f in fields}, jnp.where(better, k, kept)
+
+        best, kept = jax.lax.fori_loop(0, 2, start, ({f: getattr(st, f) for f in fields}, 0))
+        new = st._replace(**best, it=st.it + 1, b=jnp.where(kept == 1, b, 0.0))
     return new._replace(dC=jnp.concatenate([new.C_sig[None] - st0.C_sig, new.C_tau - st0.C_tau]))
 
 
