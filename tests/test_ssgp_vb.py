@@ -396,3 +396,28 @@ def test_the_run_program_is_compiled_for_compile_speed_where_sweeps_are_short():
     assert vb.compiler_options(cfg) == programs.ONE_SHOT
     big = cfg._replace(m=50, n_chunks=cfg.n_chunks * 8)
     assert vb.compiler_options(big) == programs.OPTIMISED
+
+
+@pytest.mark.parametrize("name", ["ssgp_lmm", "ssgp_probit", "ssgp_logit"])
+def test_the_host_start_equals_the_compiled_init_and_its_pseudo_data_are_those_of_the_state(name):
+    """``vb.run`` builds the start on the host (``init(..., xp=numpy)``): equal to the kernel's own ``init`` compiled
+    (1e-12 relative), and its closed-form pseudo-data (w, yt) equal ``bound.pseudo`` evaluated at that state (the
+    quadrature E[gamma^-2] of ``h_terms``, the inverse Mills ratio through ``log_ndtr``, omega(xi = 1))."""
+    import jax
+
+    from inference.ssgp import bound, problem, vb
+
+    spec = zoo.get(name)
+    data, _ = spec.default_data()
+    hyper = spec.default_hyper
+    cfg, arrays = problem.setup(spec.inputs(data, hyper), hyper, problem.LIKELIHOOD_OF[name])
+    cfg = problem.program_config(cfg)._replace(mu_lam_init=(0.7,))
+    host = vb.init(cfg, None, arrays, xp=np)
+    compiled = jax.jit(lambda a: vb.init(cfg, None, a))(arrays)
+    for field in vb.State._fields:
+        np.testing.assert_allclose(np.asarray(getattr(compiled, field)), np.asarray(getattr(host, field)),
+                                   rtol=1e-12, atol=0, err_msg=field)
+    assert np.all(np.asarray(host.mu_lam) == 0.7)
+    w, yt = jax.jit(lambda a, s: bound.pseudo(cfg, a, s))(arrays, host)
+    np.testing.assert_allclose(np.asarray(w), host.w, rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(np.asarray(yt), host.yt, rtol=1e-12, atol=1e-300)

@@ -43,7 +43,7 @@ from inference import programs
 from inference._methods import Draws, FitContext, Option, register_method
 from inference.base import Kernel
 from inference.loop import Run, StopRule, run_until_converged
-from inference.ssgp.bound import joint_cov, pseudo
+from inference.ssgp.bound import joint_cov
 from inference.ssgp.hfunction import inv_moment, sample_scale_host, scale_log_density
 from inference.ssgp.problem import LIKELIHOOD_OF, MODELS, Config, Data, program_config, setup
 from inference.ssgp.sweep import lam_terms, sweep
@@ -96,38 +96,42 @@ def kernel(cfg: Config) -> Kernel:
     return Kernel(functools.partial(init, cfg), functools.partial(step, cfg), functools.partial(draw, cfg))
 
 
-def init(cfg, key, problem):
+def init(cfg, key, problem, xp=jnp):
     """Initial factors (notes §3.3; deterministic, ``key`` unused): mu_lam = 0.5 (never 0), Sigma_lam = 0.5 I,
     C_sigma = (m-1) v, C_gamma = (n/2 - 1) v/4 (v = var y; 1 for the binary models), C_tau = (J/2 - 1)/2,
     mu_alpha = 0, Sigma_alpha = Sigma_beta = 0.1 I, xi = 1. E[Z] and E[Z^T W Z] start at 0: the first sweep
     computes them before it reads them (``sweep`` step 3; the pseudo-data of its step 1 read E[Z] only through
-    E[Z] mu_alpha, with mu_alpha = 0), so the program does not hold a second copy of ``expectations``. The
-    pseudo-data (w, yt) at this state (``bound.pseudo``): probit's mu_i = 0 gives yt_i = s_i phi(0) / Phi(0) =
-    s_i sqrt(2 / pi) in closed form, so the program holds no second ``log_ndtr``; logdet_cov = log det of
-    Cov(alpha, beta) = 0.1 I."""
+    E[Z] mu_alpha, with mu_alpha = 0). The pseudo-data (w, yt) at this state (``bound.pseudo``) in closed form:
+    mu_i = 0, so probit's yt_i = s_i phi(0) / Phi(0) = s_i sqrt(2 / pi); logit's w_i = 2 omega(1); the LMM's
+    w_i = E[gamma^-2] = H(n, C_gamma) / H(n - 2, C_gamma). logdet_cov = log det of Cov(alpha, beta) = 0.1 I.
+
+    ``xp``: the array library; ``run`` builds the start in NumPy on the host (``xp=numpy``) and hands it to the
+    loop as its ``init_state``, so the run program holds no start (its constant buffers, the LMM's quadrature
+    grid: compile time for one evaluation)."""
     m, d, n = cfg.m, cfg.d, problem.n_obs
     data = problem
     if cfg.likelihood == "gaussian":
-        ybar = jnp.sum(data.mask * data.y) / n
-        v = jnp.maximum(jnp.sum(data.mask * (data.y - ybar) ** 2) / jnp.maximum(n - 1, 1), 1e-6)
+        ybar = xp.sum(data.mask * data.y) / n
+        v = xp.maximum(xp.sum(data.mask * (data.y - ybar) ** 2) / xp.maximum(n - 1, 1), 1e-6)
     else:
-        v = jnp.asarray(1.0)
-    mu_lam = jnp.broadcast_to(jnp.asarray(cfg.mu_lam_init, dtype=jnp.float64), (d,))
-    Sig_lam = 0.5 * jnp.eye(d)
+        v = xp.asarray(1.0)
+    f64 = xp.float64
     Np = data.X.shape[0]
-    st = State(mu_lam=mu_lam, Sig_lam=Sig_lam, P_lam=2.0 * jnp.eye(d), mu_a=jnp.zeros(2 * m),
-               Sig_a=0.1 * jnp.eye(2 * m),
-               mu_b=jnp.zeros(cfg.s), Sig_b=0.1 * jnp.eye(cfg.s), Sig_ab=jnp.zeros((2 * m, cfg.s)),
-               C_sig=jnp.maximum(m - 1.0, 0.5) * v,
-               C_tau=jnp.full(cfg.T, max(0.5 * (cfg.J / 2.0 - 1.0), 0.1)),
-               C_gam=jnp.maximum(n / 2.0 - 1.0, 0.5) * v / 4.0, xi=jnp.ones(Np), EZ=jnp.zeros((Np, 2 * m)),
-               ZWZ=jnp.zeros((2 * m, 2 * m)), qz=jnp.zeros(Np), w=data.mask, yt=data.y,
-               logdet_cov=jnp.asarray((2 * m + cfg.s) * math.log(0.1)), bound=jnp.asarray(-jnp.inf),
-               a=jnp.asarray(0.0), it=jnp.asarray(0), b=jnp.asarray(0.0), dC=jnp.zeros(1 + cfg.T))
-    if cfg.likelihood == "probit":
-        return st._replace(yt=(2.0 * data.y - 1.0) * math.sqrt(2.0 / math.pi))
-    w, yt = pseudo(cfg, data, st)
-    return st._replace(w=w, yt=yt)
+    C_gam = xp.maximum(n / 2.0 - 1.0, 0.5) * v / 4.0
+    if cfg.likelihood == "gaussian":
+        w, yt = data.mask * inv_moment(n - 2.0, C_gam, cfg.A_gamma**2, 2.0, xp), data.y
+    elif cfg.likelihood == "probit":
+        w, yt = data.mask, (2.0 * data.y - 1.0) * math.sqrt(2.0 / math.pi)
+    else:
+        om = math.tanh(0.5) / 4.0                                     # omega(xi = 1)
+        w, yt = data.mask * 2.0 * om, (data.y - 0.5) / (2.0 * om)
+    return State(mu_lam=xp.broadcast_to(xp.asarray(cfg.mu_lam_init, dtype=f64), (d,)), Sig_lam=0.5 * xp.eye(d),
+                 P_lam=2.0 * xp.eye(d), mu_a=xp.zeros(2 * m), Sig_a=0.1 * xp.eye(2 * m), mu_b=xp.zeros(cfg.s),
+                 Sig_b=0.1 * xp.eye(cfg.s), Sig_ab=xp.zeros((2 * m, cfg.s)), C_sig=xp.maximum(m - 1.0, 0.5) * v,
+                 C_tau=xp.full(cfg.T, max(0.5 * (cfg.J / 2.0 - 1.0), 0.1)), C_gam=C_gam, xi=xp.ones(Np),
+                 EZ=xp.zeros((Np, 2 * m)), ZWZ=xp.zeros((2 * m, 2 * m)), qz=xp.zeros(Np), w=w, yt=yt,
+                 logdet_cov=xp.asarray((2 * m + cfg.s) * math.log(0.1)), bound=xp.asarray(-xp.inf),
+                 a=xp.asarray(0.0), it=xp.asarray(0), b=xp.asarray(0.0), dC=xp.zeros(1 + cfg.T))
 
 
 def step(cfg, key, st, data):
@@ -208,14 +212,18 @@ def draw(cfg, seed, st, num_samples, n):
 
 def run(cfg: Config, data: Data, *, max_iter=1000, tol=1e-6, warm_start=3, step_max=1e4, backtrack=True,
         mu_lam_init=0.5, progress=None, key=None) -> Run:
-    """Sweeps (``step``) from ``init`` until the stopping rule (module docstring) or ``max_iter`` sweeps, through
-    ``inference.loop.run_until_converged``; the VB is deterministic, so ``key`` only feeds the loop."""
-    k = kernel(program_config(cfg)._replace(warm_start=int(warm_start), step_max=float(step_max),
-                                            backtrack=bool(backtrack),
-                                            mu_lam_init=tuple(float(v) for v in np.ravel(mu_lam_init))))
+    """Sweeps (``step``) from ``init`` (built on the host, ``init(..., xp=numpy)``) until the stopping rule (module
+    docstring) or ``max_iter`` sweeps, through ``inference.loop.run_until_converged``; the VB is deterministic, so
+    ``key`` only feeds the loop."""
+    run_cfg = program_config(cfg)._replace(warm_start=int(warm_start), step_max=float(step_max),
+                                           backtrack=bool(backtrack),
+                                           mu_lam_init=tuple(float(v) for v in np.ravel(mu_lam_init)))
+    k = kernel(run_cfg)
     key = jax.random.key(0) if key is None else key
+    start = init(run_cfg, None, jax.tree.map(np.asarray, data), xp=np)
     return run_until_converged(k.init, k.step, data, key, StopRule(int(max_iter), float(tol)), chunk=CHUNK,
-                               progress=progress, desc="ssgp vb", compiler_options=compiler_options(cfg))
+                               progress=progress, desc="ssgp vb", compiler_options=compiler_options(cfg),
+                               init_state=jax.tree.map(lambda a: np.asarray(a)[None], start))
 
 
 SMALL_SWEEP = 2**17   # Np m^2 up to which a sweep is short enough to compile the run for compile speed
