@@ -49,7 +49,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from inference import host_keys, programs
-from inference.base import Init, Step
+from inference.base import Collect, Init, Step
 from inference.progress import progress_enabled
 
 
@@ -365,7 +365,7 @@ def _optimiser_program(init: Init | None, step: Step, kind: str, residual: bool,
 
 def sample_chains(init: Init, step: Step, problem: Any, key: jax.Array, *, num_chains: int,
                   num_warmup: int, num_samples: int, thinning: int = 1,
-                  collect: Callable[[jax.Array, Any, Any], Any] | None = None, chunk: int | None = None,
+                  collect: Collect | None = None, chunk: int | None = None,
                   progress: bool | None = None, desc: str = "", init_state: Any = None,
                   chains: str = "vmap") -> tuple[Any, Any]:
     """Run ``num_chains`` chains of a Markov kernel for ``num_warmup + num_samples * thinning`` steps.
@@ -437,7 +437,7 @@ def _sampler_start_fn(init: Init, num_chains: int, sequential: bool = False):
 
 
 @programs.cached(maxsize=64)
-def _sampler_program(init: Init | None, step: Step, collect: Callable, num_chains: int,
+def _sampler_program(init: Init | None, step: Step, collect: Collect, num_chains: int,
                      sequential: bool = False):
     """The whole sampler run as one compiled program of ``(state, key, problem, budget, start)``, ``budget =
     (num_warmup, thinning, total, t0, limit)``: fits that differ only in these or in the key share it.

@@ -6,6 +6,7 @@ several more: a Gibbs sweep that draws its variates one call at a time compiles 
 than its arithmetic (benchmarks/results.md, "hlcr_gibbs_sweep" and "compile_cold"). A kernel therefore draws
 every uniform of a step in one ``open_uniforms`` call and makes its variates from slices of them:
 
+* ``split_uniforms``: the block cut into the step's arrays (``uniforms_size``: how many the shapes take);
 * ``box_muller``: standard normals from two uniforms each;
 * ``log_gamma_from_uniforms``: Gamma(a, 1) variates (log scale, any shape a > 0), ``GAMMA_UNIFORMS`` uniforms each,
   by Marsaglia & Tsang (2000) (``log_gamma_mt``).
@@ -14,6 +15,8 @@ The hlcr samplers (``inference.hlcr``) and gp_alps's Gibbs sweep (``inference.gp
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -60,3 +63,19 @@ def log_gamma_from_uniforms(u, a):
 def box_muller(u1, u2):
     """Standard normals sqrt(-2 log u1) cos(2 pi u2) of independent uniforms on (0, 1) (Box & Muller 1958)."""
     return jnp.sqrt(-2.0 * jnp.log(u1)) * jnp.cos(2.0 * jnp.pi * u2)
+
+
+def uniforms_size(shapes) -> int:
+    """How many uniforms arrays of these ``shapes`` take."""
+    return sum(math.prod(shape) for shape in shapes)
+
+
+def split_uniforms(u, shapes) -> list:
+    """Consecutive slices of the flat block ``u`` reshaped to ``shapes``, in order (its first
+    ``uniforms_size(shapes)`` uniforms)."""
+    out, at = [], 0
+    for shape in shapes:
+        size = math.prod(shape)
+        out.append(u[at:at + size].reshape(shape))
+        at += size
+    return out

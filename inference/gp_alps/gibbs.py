@@ -44,7 +44,6 @@ one compilation per variant, built once (``inference.programs.cached``). Chains,
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
@@ -56,7 +55,14 @@ from inference._methods import Draws, FitContext, Option, register_method
 from inference.base import Kernel
 from inference.gp_alps.common import Problem, paper_switch_logit, problem, switch_logit
 from inference.loop import sample_chains
-from inference.uniforms import GAMMA_UNIFORMS, box_muller, log_gamma_from_uniforms, open_uniforms
+from inference.uniforms import (
+    GAMMA_UNIFORMS,
+    box_muller,
+    log_gamma_from_uniforms,
+    open_uniforms,
+    split_uniforms,
+    uniforms_size,
+)
 
 
 class State(NamedTuple):
@@ -101,14 +107,9 @@ def _sweep_randoms(key, m: int, r: int, p: int) -> SweepRandoms:
     """One sweep's random numbers from one ``open_uniforms`` call, the normals by Box-Muller (two uniforms each)."""
     shapes = {"switch": (m,), "u": (2, m, r), "H": (2, p, m), "gamma": (GAMMA_UNIFORMS, p), "scale_normal": (2, m),
               "scale_accept": (m,), "scale_sign": (m,), "swap": (m,)}
-    sizes = [math.prod(shape) for shape in shapes.values()]
-    w = open_uniforms(key, (sum(sizes),))
-    out, at = {}, 0
-    for (name, shape), size in zip(shapes.items(), sizes, strict=True):
-        part = w[at:at + size].reshape(shape)
-        out[name] = box_muller(part[0], part[1]) if name in ("u", "H", "scale_normal") else part
-        at += size
-    return SweepRandoms(**out)
+    parts = split_uniforms(open_uniforms(key, (uniforms_size(shapes.values()),)), shapes.values())
+    return SweepRandoms(**{name: box_muller(part[0], part[1]) if name in ("u", "H", "scale_normal") else part
+                           for name, part in zip(shapes, parts, strict=True)})
 
 
 def _latents(pb, u):
@@ -116,9 +117,9 @@ def _latents(pb, u):
 
 
 @programs.cached(maxsize=16)
-def kernel(flags: Config) -> Kernel:
-    """``init``/``step`` for these flags (module docstring)."""
-    learn, collapsed, swap, paper_conditional, rescale = flags
+def kernel(config: Config) -> Kernel:
+    """``init``/``step`` for this configuration's flags (module docstring)."""
+    learn, collapsed, swap, paper_conditional, rescale = config
 
     def init(key, pb: Problem) -> State:
         m, n, r = pb.F.shape

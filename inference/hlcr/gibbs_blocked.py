@@ -89,7 +89,7 @@ from inference.hlcr.common import (
     sample_log_dirichlet,
     step_uniforms,
 )
-from inference.uniforms import GAMMA_UNIFORMS
+from inference.uniforms import GAMMA_UNIFORMS, split_uniforms, uniforms_size
 
 
 class State(NamedTuple):
@@ -192,11 +192,8 @@ def sweep_uniforms(key, problem: Problem, hyper: Config):
     so pair e's do not depend on the padding."""
     K, N, F = hyper.K, hyper.n_agents, n_features(problem)
     shapes = ((GAMMA_UNIFORMS, K), (GAMMA_UNIFORMS, N, K), (2, K, F))
-    sizes = [int(np.prod(s)) for s in shapes]
-    fixed, pair = step_uniforms(key, sum(sizes), problem.const.shape[0], 2)
-    ends = np.cumsum(sizes)
-    parts = [fixed[end - size:end].reshape(shape) for shape, size, end in zip(shapes, sizes, ends, strict=True)]
-    return (*parts, pair)
+    fixed, pair = step_uniforms(key, uniforms_size(shapes), problem.const.shape[0], 2)
+    return (*split_uniforms(fixed, shapes), pair)
 
 
 def params_from_uniforms(u_psi, u_theta, u_w, u_tables, z, log_psi, problem: Problem, hyper: Config):

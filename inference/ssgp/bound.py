@@ -121,11 +121,6 @@ def _logdet_spd(P):
     return 2.0 * jnp.sum(jnp.log(jnp.diagonal(jnp.linalg.cholesky(P))))
 
 
-def inv_spd(P):
-    c = cho_factor(P, lower=True)
-    return cho_solve(c, jnp.eye(P.shape[0]))
-
-
 def inv_and_logdet_spd(P):
     """(P^-1, log det P) from one Cholesky factor."""
     c = cho_factor(P, lower=True)

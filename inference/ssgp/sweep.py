@@ -104,16 +104,16 @@ def _refresh_xi(cfg, data, st):
     return st._replace(qz=qz, xi=jnp.sqrt(jnp.maximum(qz + 2.0 * (f * re + cross) + aq, 0.0)))
 
 
-def sweep(cfg, data, st, a, f2_coef=-0.25, lam=None, b=0.0, pseudo_data=None):
+def sweep(cfg, data, st, a, f2_coef=-0.25, lam=None, b=0.0):
     """One coordinate-ascent sweep with NCVMP step ``a`` (notes §3.3 steps 1-7) and its lower bound.
 
-    ``lam``: the (g, P) of ``lam_terms`` at ``st``, if already computed; ``pseudo_data``: (w, yt) at ``st``
-    (default: ``st.w, st.yt``, which the sweep or ``init`` that made ``st`` left there). ``b`` > 0 also tries
+    ``lam``: the (g, P) of ``lam_terms`` at ``st``, if already computed; the pseudo-data (w, yt) at ``st`` are
+    ``st.w, st.yt``, which the sweep or ``init`` that made ``st`` left there. ``b`` > 0 also tries
     starting steps 4-7 from the coefficient scales extrapolated along their last change, (C_sigma, C_tau) + b dC,
     and keeps whichever of the two sweeps ends with the higher bound (``b`` used, or 0). Both end with the exact CAVI
     update of every C, so the bound stays exact; the extrapolation only speeds up the slow EM-like drift of
     C_sigma (sigma is weakly identified: C_sigma crept by ~0.07 per sweep for hundreds of sweeps at n = 2000)."""
-    w, yt = (st.w, st.yt) if pseudo_data is None else pseudo_data   # 1
+    w, yt = st.w, st.yt                                              # 1
     g, P = lam_terms(cfg, data, st, w, yt, f2_coef) if lam is None else lam
     mu_lam, Sig_lam, P_lam, a_used = lam_update(st, g, P, a)          # 2
     EZ, ZWZ = expectations(cfg, data.X, _exp_weights(cfg, data, w), data.S, mu_lam, Sig_lam)  # 3

@@ -151,8 +151,7 @@ def step(cfg, key, st, data):
     else:
         a_try = jnp.where(st.it < warm_start, 0.0, 1.0)
     b_try = jnp.where(backtrack & (st.it > warm_start), jnp.minimum(GROW * jnp.maximum(st.b, 0.5), B_MAX), 0.0)
-    w, yt = st.w, st.yt
-    lam = lam_terms(cfg, data, st, w, yt)
+    lam = lam_terms(cfg, data, st, st.w, st.yt)
 
     def cond(c):
         k, a, s = c
@@ -162,7 +161,7 @@ def step(cfg, key, st, data):
     def body(c):
         k, a_prev, _ = c
         a = jnp.where(k == 0, a_try, jnp.where(a_prev * SHRINK < MIN_STEP, 0.0, a_prev * SHRINK))
-        return k + 1, a, sweep(cfg, data, st, a, lam=lam, b=b_try, pseudo_data=(w, yt))
+        return k + 1, a, sweep(cfg, data, st, a, lam=lam, b=b_try)
 
     n_tries, _, new = jax.lax.while_loop(cond, body, (jnp.asarray(0), jnp.asarray(a_try, dtype=jnp.float64), st))
     # an over-relaxed lam step can jump across the maximum and land on an almost equal bound, so a small
